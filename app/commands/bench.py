@@ -1,0 +1,76 @@
+"""`tandem bench`: throughput, TTFT and TPOT at several concurrency levels, as JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from app.commands.common import add_model_args, fail, load_engine, user_errors
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark the engine (in-process, or a server with --url)")
+    add_model_args(p)
+    p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=128, help="output tokens, forced")
+    p.add_argument("--requests", type=int, default=16, help="requests per level")
+    p.add_argument("--shared-prefix-tokens", type=int, default=0,
+                   help="a common prefix (e.g. a system prompt) before every prompt")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--png", help="draw throughput against per-user tok/s into this file")
+    p.add_argument("--url", help="benchmark an OpenAI-compatible server instead (HTTP)")
+    p.add_argument("--api-key", default=None, help="with --url")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        levels = [int(c) for c in args.concurrency.split(",") if c]
+    except ValueError:
+        return fail(f"--concurrency must be comma-separated integers, got {args.concurrency!r}")
+    if not levels or min(levels) < 1:
+        return fail("--concurrency levels must be >= 1")
+    try:
+        if args.url:
+            results = _http(args, levels)
+        else:
+            results = asyncio.run(_local(args, levels))
+    except user_errors() as exc:
+        return fail(str(exc))
+    if args.png:
+        from app.bench import plot
+
+        plot(results, args.png, label=args.url or "tandem")
+    return 0
+
+
+async def _local(args: argparse.Namespace, levels: list[int]) -> list[dict]:
+    from app.bench import run_bench
+
+    engine = load_engine(args, max_seqs=max(levels))
+    results = []
+    try:
+        async for result in run_bench(engine, levels, args.requests, args.prompt_tokens,
+                                      args.max_tokens, args.shared_prefix_tokens, args.seed):
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    finally:
+        engine.shutdown()
+    return results
+
+
+def _http(args: argparse.Namespace, levels: list[int]) -> list[dict]:
+    from app.bench_http import run_http_bench
+
+    results = []
+    for c in levels:
+        result = run_http_bench(
+            args.url, args.model, concurrency=c, requests=args.requests,
+            prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
+            system_prompt_tokens=args.shared_prefix_tokens, api_key=args.api_key,
+        )
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    return results

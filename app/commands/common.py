@@ -1,0 +1,44 @@
+"""Flags and helpers shared by commands that load a model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from models.registry import DEFAULT_MODEL
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "-m", default=DEFAULT_MODEL,
+                        help=f"registry name or path to a .gguf (default: {DEFAULT_MODEL})")
+    parser.add_argument("--backend", choices=["llamacpp", "mlx"], default=None,
+                        help="override automatic backend selection")
+    parser.add_argument("--ctx-size", type=int, default=8192,
+                        help="context window per sequence, tokens (default: 8192)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="llama.cpp threads (default: all available CPUs)")
+
+
+def load_engine(args: argparse.Namespace, max_seqs: int = 32, **kwargs):
+    """Load the engine for `args`; raises the store's and backend's errors unchanged."""
+    from app.engine import AsyncEngine
+
+    return AsyncEngine.from_model(
+        args.model, n_ctx=args.ctx_size, max_seqs=max_seqs, threads=args.threads,
+        backend=args.backend, **kwargs,
+    )
+
+
+def fail(message: str) -> int:
+    """Print one clear line on stderr; returns the exit code 1."""
+    print(f"tandem: error: {message}", file=sys.stderr)
+    return 1
+
+
+# errors that are the user's to fix: printed as one line, no traceback
+def user_errors() -> tuple[type[BaseException], ...]:
+    from app.engine.types import EngineError
+    from models.errors import ModelStoreError
+
+    return (ModelStoreError, EngineError, FileNotFoundError, IsADirectoryError,
+            PermissionError, ValueError)

@@ -1,0 +1,293 @@
+"""`AsyncEngine`: submit / stream / cancel over a step loop in its own thread.
+
+The step thread owns the `LLMEngine`; asyncio code talks to it through a queue of commands
+and receives outputs through `loop.call_soon_threadsafe`, one call per step. While the
+runner computes (llama.cpp and MLX release the GIL) nothing else in the process is busy:
+llama.cpp's worker threads spin-wait, and a competing Python thread can slow decode many
+times over on a small machine. When there is no work the thread blocks on the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from app.engine.engine import EngineConfig, LLMEngine
+from app.engine.scheduler import SchedulerConfig
+from app.engine.types import (
+    EngineOverloadedError,
+    EngineStats,
+    RequestOutput,
+    SamplingParams,
+)
+from backends.base import Runner
+
+_STOP = object()
+
+
+class RequestStream:
+    """Async iterator over one request's outputs; `cancel()` aborts it."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, loop: asyncio.AbstractEventLoop):
+        self.request_id = request_id
+        self._engine = engine
+        self._loop = loop
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.finished = False
+
+    def _put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if item.finished:
+            self.finished = True
+        return item
+
+    def cancel(self) -> None:
+        if not self.finished:
+            self._engine._abort(self.request_id)
+
+
+class AsyncEngine:
+    """Asynchronous front of the engine, shared by the CLI, the server and the TUI.
+
+    See `from_model` to load a model. Methods other than `submit`/`generate` are
+    thread-safe and need no event loop.
+    """
+
+    def __init__(self, engine: LLMEngine, model_name: str, backend_name: str,
+                 max_waiting: int = 256):
+        self.engine = engine
+        self.runner: Runner = engine.runner
+        self.model_name = model_name
+        self.backend_name = backend_name
+        self.info = self.runner.info
+        self.tokenizer = self.runner.tokenizer
+        self.context_length = engine.context_length
+        self.max_waiting = max_waiting
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._outstanding = 0
+        self._stats = engine.stats()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="tandem-step", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_model(
+        cls,
+        model: str,
+        *,
+        n_ctx: int = 8192,
+        max_seqs: int = 32,
+        kv_tokens: int | None = None,
+        max_batch_tokens: int = 512,
+        threads: int | None = None,
+        max_waiting: int = 256,
+        backend: str | None = None,
+        enable_prefix_caching: bool = True,
+        flash_attn: str = "auto",
+    ) -> AsyncEngine:
+        """Load `model` (a registry name or a path to a .gguf) and start the step thread.
+
+        Args:
+            n_ctx: context window per sequence, tokens (capped by the model's).
+            max_seqs: requests decoded together.
+            kv_tokens: KV capacity shared by all sequences (default: max(2*n_ctx, 16384)).
+        Raises:
+            FileNotFoundError / models.store.ModelNotFoundError: no such model.
+            ValueError: the backend cannot load it.
+        """
+        from backends.loader import load_runner
+        from models.store import resolve_model
+
+        path = resolve_model(model)
+        runner, backend_name = load_runner(
+            path,
+            backend=backend,
+            max_seqs=min(256, max(2 * max_seqs, 16)),  # spare slots park cached prefixes
+            kv_tokens=kv_tokens or max(2 * n_ctx, 16384),
+            max_batch_tokens=max_batch_tokens,
+            n_threads=threads,
+            flash_attn=flash_attn,
+        )
+        config = EngineConfig(
+            context_length=n_ctx,
+            scheduler=SchedulerConfig(
+                max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
+                max_waiting=max_waiting,
+            ),
+            enable_prefix_caching=enable_prefix_caching,
+        )
+        name = model if not model.endswith(".gguf") else Path(model).stem
+        return cls(LLMEngine(runner, config), name, backend_name, max_waiting=max_waiting)
+
+    # -- prompts ---------------------------------------------------------------------------
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Render the model's chat template and tokenize it; message text is tokenized
+        without special-token parsing so it cannot forge role markers."""
+        from models.chat_template import render_segments
+
+        tok = self.tokenizer
+        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+        eos_id = min(tok.eos_ids) if tok.eos_ids else None
+        eos = tok.token_text(eos_id) if eos_id is not None else ""
+        segments = render_segments(tok.chat_template, messages, bos_token=bos, eos_token=eos,
+                                   add_generation_prompt=add_generation_prompt)
+        ids: list[int] = []
+        for text, is_content in segments:
+            if text:
+                ids.extend(tok.encode(text, add_special=False, parse_special=not is_content))
+        return ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Tokenize a raw prompt (BOS added if the model asks for it; specials parsed)."""
+        return self.tokenizer.encode(text, add_special=True, parse_special=True)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams,
+               request_id: str | None = None) -> RequestStream:
+        """Queue a request; call from a running event loop.
+
+        Raises:
+            PromptTooLongError, ValueError: bad prompt. EngineOverloadedError: queue full.
+            RuntimeError: the engine stopped after a backend failure.
+        """
+        if self._error is not None:
+            raise RuntimeError(f"engine stopped: {self._error}")
+        self.engine.validate(prompt_ids)
+        loop = asyncio.get_running_loop()
+        request_id = request_id or f"req-{next(self._ids)}"
+        with self._lock:
+            if self._outstanding >= self.engine.scheduler.config.max_num_seqs + self.max_waiting:
+                raise EngineOverloadedError(
+                    f"server busy: {self._outstanding} requests in flight; retry later"
+                )
+            self._outstanding += 1
+        stream = RequestStream(self, request_id, loop)
+        self._streams[request_id] = stream
+        self._inbox.put(("add", request_id, list(prompt_ids), params, time.perf_counter()))
+        return stream
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """`submit` + iterate; the request is cancelled if the consumer stops early."""
+        stream = self.submit(prompt_ids, params, request_id)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.cancel()
+
+    def cancel(self, request_id: str) -> None:
+        self._abort(request_id)
+
+    def _abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        """Snapshot taken at the end of the last step (no lock with the step thread)."""
+        return self._stats
+
+    def shutdown(self) -> None:
+        if self._thread.is_alive():
+            self._inbox.put((_STOP,))
+            self._thread.join(timeout=30)
+        self.runner.close()
+
+    # -- the step thread -------------------------------------------------------------------
+
+    def _handle(self, cmd: tuple, outputs: list[RequestOutput]) -> bool:
+        kind = cmd[0]
+        if kind is _STOP:
+            return False
+        if kind == "add":
+            _, request_id, prompt_ids, params, arrival = cmd
+            if request_id not in self._streams:  # cancelled before it arrived
+                return True
+            try:
+                self.engine.add_request(request_id, prompt_ids, params, arrival)
+            except Exception as exc:  # noqa: BLE001 - handed to the waiting stream
+                self._deliver_error(request_id, exc)
+        elif kind == "abort":
+            out = self.engine.abort(cmd[1])
+            if out is not None:
+                outputs.append(out)
+            elif cmd[1] in self._streams:  # not yet added: end the stream
+                outputs.append(RequestOutput(cmd[1], "", [], True, "abort"))
+        return True
+
+    def _loop(self) -> None:
+        running = True
+        while running:
+            outputs: list[RequestOutput] = []
+            try:
+                if not self.engine.has_work():
+                    running = self._handle(self._inbox.get(), outputs)
+                while running:
+                    try:
+                        cmd = self._inbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    running = self._handle(cmd, outputs)
+                if running and self.engine.has_work():
+                    outputs.extend(self.engine.step())
+                self._stats = self.engine.stats()
+            except Exception as exc:  # noqa: BLE001 - a backend failure ends every stream
+                self._error = exc
+                for request_id in list(self._streams):
+                    self._deliver_error(request_id, RuntimeError(f"engine failed: {exc}"))
+                return
+            if outputs:
+                self._deliver(outputs)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput]]] = {}
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            if out.finished:
+                del self._streams[out.request_id]
+                with self._lock:
+                    self._outstanding -= 1
+            by_loop.setdefault(stream._loop, []).append((stream, out))
+        for loop, pairs in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, pairs)
+            except RuntimeError:
+                pass  # the consumer's loop is closed
+
+    def _deliver_error(self, request_id: str, exc: BaseException) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return
+        with self._lock:
+            self._outstanding -= 1
+        try:
+            stream._loop.call_soon_threadsafe(stream._put, exc)
+        except RuntimeError:
+            pass
+
+
+def _put_all(pairs: list[tuple[RequestStream, RequestOutput]]) -> None:
+    for stream, out in pairs:
+        stream._put(out)

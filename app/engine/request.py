@@ -1,0 +1,80 @@
+"""One record per sequence: tokens, counters, block table, status, timings."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.engine.types import RequestMetrics, SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """A sequence being generated.
+
+    Token regions (vLLM v1's bookkeeping: one subtraction decides what to compute)::
+
+        |<-------------- token_ids (prompt + output) -------------->|
+        |<--- num_computed_tokens (KV exists) --->|<- to compute ->|
+
+    `num_cached_tokens` is the part of the prompt served from the prefix cache when the
+    request was first scheduled. `block_table[i]` holds positions `i*block_size ..`.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    num_hashed_blocks: int = 0  # leading blocks of block_table registered in the prefix cache
+    slot: int | None = None
+    finish_reason: str | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    num_preemptions: int = 0
+    # set by the engine: sampler RNG, detokenizer, output sink
+    rng: Any = None
+    detokenizer: Any = None
+    sink: Any = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_ids)
+        self.metrics.prompt_tokens = len(self.prompt_ids)
+        if not self.metrics.arrival_time:
+            self.metrics.arrival_time = time.perf_counter()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_ids):]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, status={self.status.value})"
+        )

@@ -1,0 +1,169 @@
+"""Iteration-level (continuous) batching with a per-step token budget.
+
+Every step each request is given a number of tokens to compute so that
+`num_computed_tokens` catches up with `num_tokens` (vLLM v1): a decode is 1 token, a prompt
+is computed in chunks of at most the remaining budget, so long prompts never stall decodes.
+Running requests are served first (oldest first); waiting requests are admitted while budget,
+slots and KV blocks last. When blocks run out the newest running request is preempted: its
+blocks are freed (their cached prefix usually survives) and it is recomputed later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from app.engine.block_manager import BlockManager
+from app.engine.request import Request, RequestStatus
+from app.engine.slots import SlotPool
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """Args:
+    max_num_seqs: requests running at once (batch rows).
+    max_num_batched_tokens: token budget of one step (prefill chunks + decodes).
+    max_waiting: admission bound; `add` beyond it is refused by the engine.
+    """
+
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    max_waiting: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step: {request: tokens to compute}, in batch order, plus requests preempted."""
+
+    num_scheduled_tokens: dict[Request, int] = field(default_factory=dict)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    def __bool__(self) -> bool:
+        return bool(self.num_scheduled_tokens)
+
+
+class Scheduler:
+    """Args:
+    config: limits.
+    block_manager: KV accounting.
+    slots: the runner's sequence slots.
+    share_blocks: runner hook, `(slot, block_ids)`: make cached blocks the slot's prefix.
+    release_slot: runner hook, `(slot, n_keep_blocks)`: drop a sequence, keep its cached
+        prefix resident.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        slots: SlotPool,
+        share_blocks: Callable[[int, list[int]], None],
+        release_slot: Callable[[int, int], None],
+    ):
+        self.config = config
+        self.block_manager = block_manager
+        self.slots = slots
+        self._share_blocks = share_blocks
+        self._release_slot = release_slot
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+
+        # 1. running requests, oldest first; preempt from the newest end when blocks run out
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            target = request.num_computed_tokens + num_new
+            while not self.block_manager.allocate(request, target):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                out.num_scheduled_tokens[request] = num_new
+                budget -= num_new
+                i += 1
+                continue
+            break  # the request preempted itself: nothing more fits
+
+        # 2. admit waiting requests (not while preempting: memory is short)
+        while (
+            self.waiting
+            and budget > 0
+            and not out.preempted
+            and len(self.running) < self.config.max_num_seqs
+        ):
+            request = self.waiting[0]
+            slot = self.slots.acquire()
+            if slot is None:
+                break
+            cached = self.block_manager.find_cached_prefix(request.token_ids)
+            num_cached = len(cached) * self.block_manager.block_size
+            num_new = min(request.num_tokens - num_cached, budget)
+            if not self.block_manager.allocate(request, num_cached + num_new, cached):
+                self.slots.release(slot, parked=False)
+                break
+            self.waiting.popleft()
+            request.slot = slot
+            if cached:
+                self._share_blocks(slot, cached)
+            request.num_computed_tokens = num_cached
+            if request.num_preemptions == 0:
+                request.metrics.cached_tokens = num_cached
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.num_scheduled_tokens[request] = num_new
+            budget -= num_new
+        return out
+
+    def _preempt(self, request: Request) -> None:
+        """Free a running request and put it at the head of the queue for recompute."""
+        self.running.remove(request)
+        self._free(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.WAITING
+        self.waiting.appendleft(request)
+
+    def _free(self, request: Request) -> None:
+        n_keep = request.num_hashed_blocks
+        self.block_manager.free(request)
+        if request.slot is not None:
+            self._release_slot(request.slot, n_keep)
+            self.slots.release(request.slot, parked=n_keep > 0)
+            request.slot = None
+
+    def finish(self, request: Request, reason: str) -> None:
+        """Mark a request finished (`stop`, `length` or `abort`) and return its resources."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+            self._free(request)
+        elif request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason

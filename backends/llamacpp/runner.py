@@ -1,0 +1,270 @@
+"""llama.cpp runner through llama-cpp-python's low-level API.
+
+One `llama_context` with a unified KV cache (`kv_unified=True`) and `max_seqs` sequence ids:
+sequences at different positions are decoded together in one `llama_decode`. llama.cpp
+stores KV per token cell, each cell tagged with the sequences that see it; the engine's
+blocks are accounting on top. A cached block is *resident* in every slot whose cells hold
+it: sharing a prefix adds the new slot's tag to those cells (`llama_memory_seq_cp`, no copy),
+freeing removes a tag (`llama_memory_seq_rm`). Facts relied on: shared/notes/llamacpp.md §1.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import llama_cpp as L
+import numpy as np
+
+from backends.base import BatchItem, ModelInfo
+from backends.llamacpp.tokenizer import LlamaCppTokenizer
+
+_FLASH_ATTN = {
+    "auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+_log_silencer = L.llama_log_callback(lambda level, text, user: None)
+_backend_ready = False
+
+
+def _init_backend(verbose: bool) -> None:
+    global _backend_ready
+    if not _backend_ready:
+        if not verbose:
+            L.llama_log_set(_log_silencer, ctypes.c_void_p())
+        L.llama_backend_init()
+        _backend_ready = True
+
+
+def default_threads() -> int:
+    """Worker threads for llama.cpp: the CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 4
+
+
+def _meta(model: L.llama_model_p, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(512)
+    n = L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+
+class LlamaCppRunner:
+    """Implements `backends.base.Runner` on llama.cpp.
+
+    Args:
+        model_path: a GGUF file.
+        max_seqs: sequence slots (llama.cpp's `n_seq_max`, at most 256).
+        kv_tokens: KV cache capacity in tokens, shared by all slots (rounded to blocks).
+        block_size: tokens per engine block.
+        max_batch_tokens: most tokens one `execute` may carry (`n_batch`).
+        n_threads: llama.cpp worker threads (default: CPUs available).
+        flash_attn: "auto" | "on" | "off".
+    Raises:
+        FileNotFoundError: no such file. ValueError: llama.cpp cannot load it.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        max_seqs: int = 64,
+        kv_tokens: int = 16384,
+        block_size: int = 16,
+        max_batch_tokens: int = 512,
+        n_threads: int | None = None,
+        flash_attn: str = "auto",
+        verbose: bool = False,
+    ):
+        path = Path(model_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"model file not found: {path}")
+        if not 1 <= max_seqs <= 256:
+            raise ValueError("max_seqs must be in 1..256 (llama.cpp's sequence limit)")
+        _init_backend(verbose)
+        mp = L.llama_model_default_params()
+        mp.use_extra_bufts = False  # AMX repacking crashes on CPUs whose kernel refuses AMX tiles
+        self._model = L.llama_model_load_from_file(str(path).encode(), mp)
+        if not self._model:
+            raise ValueError(f"llama.cpp could not load {path} (not a GGUF model it supports?)")
+        self.block_size = block_size
+        self.num_blocks = max(1, kv_tokens // block_size)
+        self.max_seqs = max_seqs
+        self.max_batch_tokens = max_batch_tokens
+        self.n_threads = n_threads or default_threads()
+
+        cp = L.llama_context_default_params()
+        # slack beyond the accounted blocks: llama.cpp places a ubatch in free cells itself
+        cp.n_ctx = self.num_blocks * block_size + max_batch_tokens
+        cp.n_batch = max_batch_tokens
+        cp.n_ubatch = min(512, max_batch_tokens)
+        cp.n_seq_max = max_seqs
+        cp.kv_unified = True
+        cp.n_threads = cp.n_threads_batch = self.n_threads
+        cp.flash_attn_type = _FLASH_ATTN[flash_attn]
+        cp.n_outputs_max = max_batch_tokens
+        self._ctx = L.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            L.llama_model_free(self._model)
+            raise ValueError(f"llama.cpp could not create a context for {path}")
+        self._mem = L.llama_get_memory(self._ctx)
+
+        self.tokenizer = LlamaCppTokenizer(self._model)
+        n_layers = L.llama_model_n_layer(self._model)
+        n_head = L.llama_model_n_head(self._model)
+        self.info = ModelInfo(
+            name=_meta(self._model, "general.name") or path.stem,
+            architecture=_meta(self._model, "general.architecture") or "unknown",
+            n_layers=n_layers,
+            n_kv_heads=L.llama_model_n_head_kv(self._model),
+            head_dim=L.llama_model_n_embd(self._model) // max(1, n_head),
+            n_vocab=self.tokenizer.n_vocab,
+            n_ctx_train=L.llama_model_n_ctx_train(self._model),
+        )
+        self._init_batch(max_batch_tokens)
+        # residency: which engine blocks each slot's cells hold (index i = positions i*bs..)
+        self._slot_blocks: list[list[int | None]] = [[] for _ in range(max_seqs)]
+        self._holders: dict[int, set[int]] = {}
+
+    def _init_batch(self, cap: int) -> None:
+        # our own arrays behind a llama_batch: filled with numpy, no per-token ctypes calls
+        self._tok = np.zeros(cap, dtype=np.int32)
+        self._pos = np.zeros(cap, dtype=np.int32)
+        self._nseq = np.ones(cap, dtype=np.int32)
+        self._seq = np.zeros(cap, dtype=np.int32)
+        self._want = np.zeros(cap, dtype=np.int8)
+        i32p = ctypes.POINTER(ctypes.c_int32)
+        base = self._seq.ctypes.data
+        self._seq_ptrs = (i32p * (cap + 1))(*[ctypes.cast(base + 4 * i, i32p) for i in range(cap)])
+        self._batch = L.llama_batch(
+            n_tokens=0,
+            token=self._tok.ctypes.data_as(i32p),
+            embd=None,
+            pos=self._pos.ctypes.data_as(i32p),
+            n_seq_id=self._nseq.ctypes.data_as(i32p),
+            seq_id=self._seq_ptrs,
+            logits=self._want.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
+        )
+
+    # -- compute ---------------------------------------------------------------------------
+
+    def execute(self, items: list[BatchItem]) -> np.ndarray:
+        n = 0
+        n_out = 0
+        for item in items:
+            k = len(item.tokens)
+            if n + k > self.max_batch_tokens:
+                raise ValueError(f"step of {n + k} tokens exceeds max_batch_tokens")
+            self._tok[n:n + k] = item.tokens
+            self._pos[n:n + k] = np.arange(item.start_pos, item.start_pos + k, dtype=np.int32)
+            self._seq[n:n + k] = item.slot
+            self._want[n:n + k] = 0
+            for j in item.logits_indices:
+                self._want[n + j] = 1
+            n_out += len(item.logits_indices)
+            n += k
+            self._note_computed(item)
+        self._batch.n_tokens = n
+        rc = L.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc}")
+        if n_out == 0:
+            return np.empty((0, self.info.n_vocab), dtype=np.float32)
+        ptr = L.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.info.n_vocab))
+
+    def _note_computed(self, item: BatchItem) -> None:
+        end = item.start_pos + len(item.tokens)
+        n_blocks = -(-end // self.block_size)
+        held = self._slot_blocks[item.slot]
+        for i in range(len(held), n_blocks):
+            block_id = item.block_table[i]
+            held.append(block_id)
+            self._holders.setdefault(block_id, set()).add(item.slot)
+
+    # -- KV residency ----------------------------------------------------------------------
+
+    def share_blocks(self, slot: int, block_ids: list[int]) -> None:
+        held = self._slot_blocks[slot]
+        if held:
+            raise RuntimeError(f"slot {slot} is not empty")
+        bs = self.block_size
+        i = 0
+        while i < len(block_ids):
+            src = next(iter(self._holders[block_ids[i]]))
+            j = i + 1  # extend the run while the same source slot holds the next block there
+            while (
+                j < len(block_ids)
+                and j < len(self._slot_blocks[src])
+                and self._slot_blocks[src][j] == block_ids[j]
+            ):
+                j += 1
+            if not (i < len(self._slot_blocks[src]) and self._slot_blocks[src][i] == block_ids[i]):
+                raise RuntimeError(f"block {block_ids[i]} is not at index {i} of slot {src}")
+            L.llama_memory_seq_cp(self._mem, src, slot, i * bs, j * bs)
+            i = j
+        for block_id in block_ids:
+            held.append(block_id)
+            self._holders[block_id].add(slot)
+
+    def release(self, slot: int, n_keep_blocks: int) -> None:
+        held = self._slot_blocks[slot]
+        L.llama_memory_seq_rm(self._mem, slot, n_keep_blocks * self.block_size, -1)
+        for block_id in held[n_keep_blocks:]:
+            self._drop_holder(block_id, slot)
+        del held[n_keep_blocks:]
+
+    def clear_slot(self, slot: int) -> list[int]:
+        held = self._slot_blocks[slot]
+        L.llama_memory_seq_rm(self._mem, slot, -1, -1)
+        lost = [b for b in held if b is not None and self._drop_holder(b, slot)]
+        held.clear()
+        return lost
+
+    def evict(self, block_ids: list[int]) -> None:
+        bs = self.block_size
+        for block_id in block_ids:
+            for slot in self._holders.pop(block_id, ()):
+                held = self._slot_blocks[slot]
+                i = held.index(block_id)
+                L.llama_memory_seq_rm(self._mem, slot, i * bs, (i + 1) * bs)
+                held[i] = None
+
+    def truncate(self, slot: int, n_tokens: int) -> None:
+        held = self._slot_blocks[slot]
+        L.llama_memory_seq_rm(self._mem, slot, n_tokens, -1)
+        keep = -(-n_tokens // self.block_size)
+        for block_id in held[keep:]:
+            if block_id is not None:
+                self._drop_holder(block_id, slot)
+        del held[keep:]
+
+    def _drop_holder(self, block_id: int | None, slot: int) -> bool:
+        """Remove `slot` from the block's holders; True if no slot holds it any more."""
+        if block_id is None:
+            return False
+        holders = self._holders.get(block_id)
+        if holders is None:
+            return False
+        holders.discard(slot)
+        if not holders:
+            del self._holders[block_id]
+            return True
+        return False
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            L.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            L.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,44 @@
+"""Load a model file onto the chosen backend's runner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from backends.base import Runner
+
+
+def _choose(requested: str | None) -> str:
+    try:
+        from backends.select import select_backend
+    except ImportError:
+        return requested or "llamacpp"
+    choice = select_backend(requested)
+    return choice[0] if isinstance(choice, tuple) else choice
+
+
+def load_runner(
+    path: str | Path,
+    *,
+    backend: str | None = None,
+    max_seqs: int = 64,
+    kv_tokens: int = 16384,
+    block_size: int = 16,
+    max_batch_tokens: int = 512,
+    n_threads: int | None = None,
+    flash_attn: str = "auto",
+) -> tuple[Runner, str]:
+    """Returns (runner, backend name). Raises FileNotFoundError / ValueError (bad model)."""
+    name = _choose(backend)
+    if name == "mlx":
+        from backends.mlx.runner import load_mlx_runner
+
+        runner = load_mlx_runner(str(path), max_seqs=max_seqs,
+                                 num_blocks=kv_tokens // block_size, block_size=block_size)
+        return runner, name
+    from backends.llamacpp.runner import LlamaCppRunner
+
+    runner = LlamaCppRunner(
+        path, max_seqs=max_seqs, kv_tokens=kv_tokens, block_size=block_size,
+        max_batch_tokens=max_batch_tokens, n_threads=n_threads, flash_attn=flash_attn,
+    )
+    return runner, name

@@ -1,0 +1,128 @@
+"""Scheduler and engine step loop against the fake runner: budget, chunking, preemption."""
+
+import pytest
+
+from app.engine.engine import EngineConfig, LLMEngine
+from app.engine.scheduler import SchedulerConfig
+from app.engine.types import PromptTooLongError, SamplingParams
+from tests.fake_runner import FakeRunner
+
+
+def make(num_blocks=64, block_size=4, budget=8, max_seqs=4, slots=8):
+    runner = FakeRunner(num_blocks=num_blocks, block_size=block_size, max_seqs=slots)
+    cfg = EngineConfig(context_length=1024, scheduler=SchedulerConfig(
+        max_num_seqs=max_seqs, max_num_batched_tokens=budget))
+    return runner, LLMEngine(runner, cfg)
+
+
+def greedy(n):
+    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+
+
+def planned(runner, step=-1):
+    return [(i.slot, i.start_pos, len(i.tokens), i.logits_indices) for i in runner.steps[step]]
+
+
+def run_all(engine):
+    outs = {}
+    while engine.has_work():
+        for o in engine.step():
+            outs.setdefault(o.request_id, []).extend(o.token_ids)
+    return outs
+
+
+def test_token_budget_and_chunked_prefill():
+    runner, eng = make(budget=8)
+    eng.add_request("a", [1, 2, 3, 4, 5], greedy(2))
+    eng.add_request("b", [10, 11, 12, 13, 14, 15], greedy(2))
+    eng.step()
+    # a fully (5 tokens, logits on its last), b chunked to the 3 remaining budget, no logits
+    assert planned(runner) == [(0, 0, 5, [4]), (1, 0, 3, [])]
+    eng.step()
+    # a decodes 1 token; b finishes its prompt (3 tokens) and gets logits
+    assert planned(runner) == [(0, 5, 1, [0]), (1, 3, 3, [2])]
+
+
+def test_long_prompt_chunks_while_others_decode():
+    runner, eng = make(budget=6)
+    eng.add_request("a", [1, 2], greedy(5))
+    eng.step()
+    eng.add_request("b", list(range(1, 15)), greedy(1))
+    eng.step()
+    eng.step()
+    # every step: a's decode first, then a chunk of b's 14-token prompt within the budget
+    assert planned(runner, 1) == [(0, 2, 1, [0]), (1, 0, 5, [])]
+    assert planned(runner, 2) == [(0, 3, 1, [0]), (1, 5, 5, [])]
+
+
+def test_outputs_follow_fake_model():
+    runner, eng = make()
+    eng.add_request("a", [5, 6, 7], greedy(4))
+    assert run_all(eng) == {"a": [8, 9, 10, 11]}
+
+
+def test_preemption_recomputes_and_keeps_output():
+    # 6 blocks of 4 tokens: two 8-token prompts fit (4 blocks), growth runs out
+    runner, eng = make(num_blocks=6, block_size=4, budget=32)
+    eng.add_request("a", list(range(1, 9)), greedy(10))
+    eng.add_request("b", list(range(21, 29)), greedy(10))
+    outs = run_all(eng)
+    assert outs["a"] == list(range(9, 19))
+    assert outs["b"] == list(range(29, 39))
+    # b (newest) was preempted at least once: its slot was released
+    assert any(c[0] == "release" and c[1] == 1 for c in runner.calls[:-2])
+    assert eng.block_manager.num_used_blocks == 0
+
+
+def test_no_starvation_fifo_admission():
+    runner, eng = make(budget=64, max_seqs=2)
+    for i in range(5):
+        eng.add_request(f"r{i}", [i + 1] * 3, greedy(2))
+    finished = []
+    while eng.has_work():
+        finished += [o.request_id for o in eng.step() if o.finished]
+    assert finished == ["r0", "r1", "r2", "r3", "r4"]
+
+
+def test_prefix_hit_shares_cached_blocks_with_exact_ids():
+    runner, eng = make(block_size=4)
+    prompt = list(range(1, 11))  # 10 tokens: 2 full blocks
+    eng.add_request("a", prompt, greedy(1))
+    run_all(eng)
+    assert runner.calls == [("release", 0, 2)]  # a's two full blocks stay resident in slot 0
+    eng.add_request("b", prompt, greedy(1))
+    eng.step()
+    assert ("share", 1, [0, 1]) in runner.calls
+    assert planned(runner) == [(1, 8, 2, [1])]  # only the tail is computed
+    b_out = eng.step() or None
+    assert b_out is None
+
+
+def test_abort_frees_blocks():
+    runner, eng = make(budget=16)
+    eng.add_request("a", list(range(1, 10)), greedy(100))
+    eng.step()
+    assert eng.block_manager.num_used_blocks == 3
+    out = eng.abort("a")
+    assert out.finished and out.finish_reason == "abort"
+    assert eng.block_manager.num_used_blocks == 0
+    assert not eng.has_work()
+
+
+def test_prompt_too_long():
+    runner, eng = make(num_blocks=512)
+    with pytest.raises(PromptTooLongError) as err:
+        eng.add_request("a", [1] * 1024, greedy(1))
+    assert str(err.value) == ("prompt is 1024 tokens but the context window is 1024 tokens "
+                              "(at most 1023 prompt tokens leave room for a reply)")
+
+
+def test_stop_at_eos_and_context_limit():
+    runner, eng = make()
+    eng.add_request("a", [97], SamplingParams(temperature=0, max_tokens=10))
+    outs = []
+    while eng.has_work():
+        outs += eng.step()
+    # 97 -> 98 -> 99 -> 0 (EOS)
+    assert [o.token_ids[0] for o in outs] == [98, 99, 0]
+    assert outs[-1].finish_reason == "stop"
