@@ -1,0 +1,119 @@
+"""The engine on the embedded model: parity with llama-cpp-python, batching, prefix cache."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.engine import AsyncEngine, SamplingParams
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "To make a cup of tea, first",
+    "1, 2, 3, 4, 5,",
+    "Water boils at a temperature of",
+    "The largest planet in our solar system is",
+]
+
+
+@pytest.fixture(scope="module")
+def engine(embedded_model_path):
+    eng = AsyncEngine.from_model(embedded_model_path, n_ctx=4096, max_seqs=16, threads=2)
+    yield eng
+    eng.shutdown()
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+async def collect(engine, prompt_ids, params):
+    tokens, text, last = [], "", None
+    async for out in engine.generate(prompt_ids, params):
+        tokens += out.token_ids
+        text += out.text
+        last = out
+    return tokens, text, last
+
+
+def reference_greedy(llm, prompt_ids, n):
+    out = []
+    for tok in llm.generate(prompt_ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0,
+                            repeat_penalty=1.0, reset=True):
+        out.append(tok)
+        if len(out) == n:
+            return out
+    return out
+
+
+async def test_greedy_matches_llama_cpp_python_for_64_tokens(engine, reference_llama):
+    prompt = engine.encode_prompt(PROMPTS[0])
+    assert prompt == reference_llama.tokenize(PROMPTS[0].encode(), add_bos=True, special=True)
+    ours, _, _ = await collect(engine, prompt, greedy(64))
+    assert ours == reference_greedy(reference_llama, prompt, 64)
+
+
+def test_tandem_run_cli_matches_llama_cpp_python(embedded_model_path, reference_llama):
+    tandem = Path(sys.executable).with_name("tandem")
+    proc = subprocess.run(
+        [str(tandem), "run", "--raw", PROMPTS[0], "--model", embedded_model_path,
+         "--temperature", "0", "--max-tokens", "64", "--threads", "2"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    prompt = reference_llama.tokenize(PROMPTS[0].encode(), add_bos=True, special=True)
+    ref_tokens = reference_greedy(reference_llama, prompt, 64)
+    expected = reference_llama.detokenize(ref_tokens).decode("utf-8", errors="replace")
+    assert proc.stdout == expected + "\n"
+    assert "TTFT" in proc.stderr and "64 generated tokens (length)" in proc.stderr
+
+
+async def test_batched_equals_alone(engine):
+    prompts = [engine.encode_prompt(p) for p in PROMPTS]
+    alone = [(await collect(engine, p, greedy(24)))[0] for p in prompts]
+    together = await asyncio.gather(*(collect(engine, p, greedy(24)) for p in prompts))
+    assert [t[0] for t in together] == alone
+
+
+async def test_repeated_system_prompt_served_from_prefix_cache(engine):
+    system = " ".join(f"Rule {i}: answer briefly and politely." for i in range(70))
+    messages = [{"role": "system", "content": system},
+                {"role": "user", "content": "What is two plus two?"}]
+    prompt = engine.apply_chat_template(messages)
+    assert len(prompt) > 500
+    first_tokens, first_text, first = await collect(engine, prompt, greedy(16))
+    second_tokens, second_text, second = await collect(engine, prompt, greedy(16))
+    assert first.metrics.cached_tokens == 0
+    # all full blocks but the one holding the last prompt token
+    assert second.metrics.cached_tokens == (len(prompt) - 1) // 16 * 16
+    assert second_tokens == first_tokens and second_text == first_text
+
+
+async def test_cancel_returns_blocks(engine):
+    before = engine.stats().kv_blocks_used
+    stream = engine.submit(engine.encode_prompt(PROMPTS[2]), greedy(2000))
+    got = 0
+    async for out in stream:
+        got += len(out.token_ids)
+        if got == 3:
+            assert engine.stats().kv_blocks_used > before
+            stream.cancel()
+    assert out.finished and out.finish_reason == "abort"
+    await asyncio.sleep(0.05)
+    assert engine.stats().kv_blocks_used == before
+    assert engine.engine.block_manager.num_used_blocks == before
+
+
+async def test_seeded_sampling_is_reproducible(engine):
+    prompt = engine.encode_prompt(PROMPTS[3])
+    params = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=16, seed=7, ignore_eos=True)
+    first = (await collect(engine, prompt, params))[0]
+    others = await asyncio.gather(*(collect(engine, prompt, params) for _ in range(3)))
+    assert all(o[0] == first for o in others)
