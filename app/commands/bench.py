@@ -20,6 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a common prefix (e.g. a system prompt) before every prompt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--png", help="draw throughput against per-user tok/s into this file")
+    p.add_argument("--baseline", choices=["raw"], default=None,
+                   help="also measure raw llama.cpp decode at each level's batch size and "
+                        "report ratios (decode_vs_raw)")
     p.add_argument("--url", help="benchmark an OpenAI-compatible server instead (HTTP)")
     p.add_argument("--api-key", default=None, help="with --url")
     p.set_defaults(func=main)
@@ -49,11 +52,24 @@ def main(args: argparse.Namespace) -> int:
 async def _local(args: argparse.Namespace, levels: list[int]) -> list[dict]:
     from app.bench import run_bench
 
+    raw = None
+    if args.baseline == "raw":
+        # measured first, in this process, with the engine not yet loaded
+        from app.bench_raw import raw_decode_tok_s
+        from models.store import resolve_model
+
+        raw = raw_decode_tok_s(str(resolve_model(args.model)), levels, threads=args.threads)
     engine = load_engine(args, max_seqs=max(levels))
     results = []
     try:
         async for result in run_bench(engine, levels, args.requests, args.prompt_tokens,
                                       args.max_tokens, args.shared_prefix_tokens, args.seed):
+            if raw is not None:
+                c = result["concurrency"]
+                result["raw_decode_tok_s"] = raw[c]
+                # batch 1: one user's decode speed; batch c: the aggregate decode rate
+                ours = result["per_user_tok_s"] if c == 1 else result["decode_tok_s_aggregate"]
+                result["decode_vs_raw"] = round(ours / raw[c], 3) if ours else None
             print(json.dumps(result), flush=True)
             results.append(result)
     finally:

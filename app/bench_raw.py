@@ -1,0 +1,65 @@
+"""The raw llama.cpp ceiling on this machine, for `tandem bench --baseline raw`.
+
+Decode tokens/s at batch size B: B sequences, one token each per `llama_decode` call, unified
+KV cache, no sampling and no Python beyond filling the batch. Same method as
+shared/tools/llama_raw_bench.py; an engine cannot beat it on the same model and threads.
+"""
+
+from __future__ import annotations
+
+import time
+
+import llama_cpp as L
+
+from backends.llamacpp.runner import _init_backend, default_threads
+
+
+def raw_decode_tok_s(model_path: str, batch_sizes: list[int], threads: int | None = None,
+                     steps: int = 32, context_tokens: int = 64) -> dict[int, float]:
+    """Decode tokens/s for each batch size (median-free: one timed run of `steps` steps)."""
+    _init_backend(verbose=False)
+    mp = L.llama_model_default_params()
+    mp.use_extra_bufts = False  # AMX repacking crashes on CPUs whose kernel refuses AMX tiles
+    model = L.llama_model_load_from_file(model_path.encode(), mp)
+    if not model:
+        raise ValueError(f"llama.cpp could not load {model_path}")
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    tokens = [(i * 7919) % (n_vocab - 100) + 50 for i in range(context_tokens + steps + 64)]
+    threads = threads or default_threads()
+    result = {}
+    try:
+        for b in batch_sizes:
+            cp = L.llama_context_default_params()
+            cp.n_ctx, cp.n_batch, cp.n_ubatch = 8192, 2048, 512
+            cp.n_seq_max, cp.kv_unified = b, True
+            cp.n_threads = cp.n_threads_batch = threads
+            ctx = L.llama_init_from_model(model, cp)
+            try:
+                for s in range(b):
+                    _decode(ctx, [(tokens[p], p, s, p == context_tokens - 1)
+                                  for p in range(context_tokens)])
+                start = time.perf_counter()
+                for k in range(steps):
+                    _decode(ctx, [(tokens[(k + s) % len(tokens)], context_tokens + k, s, True)
+                                  for s in range(b)])
+                result[b] = round(b * steps / (time.perf_counter() - start), 1)
+            finally:
+                L.llama_free(ctx)
+    finally:
+        L.llama_model_free(model)
+    return result
+
+
+def _decode(ctx, items) -> None:
+    batch = L.llama_batch_init(len(items), 0, 1)
+    try:
+        for i, (tok, pos, seq, logits) in enumerate(items):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, logits
+        batch.n_tokens = len(items)
+        if L.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+    finally:
+        L.llama_batch_free(batch)
+
+
