@@ -79,6 +79,7 @@ class AsyncEngine:
         self.tokenizer = self.runner.tokenizer
         self.context_length = engine.context_length
         self.max_waiting = max_waiting
+        self.consumer_wait_s = 0.05  # see _deliver
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}
         self._ids = itertools.count()
@@ -270,11 +271,20 @@ class AsyncEngine:
                 with self._lock:
                     self._outstanding -= 1
             by_loop.setdefault(stream._loop, []).append((stream, out))
+        handled = []
         for loop, pairs in by_loop.items():
+            event = threading.Event()
             try:
-                loop.call_soon_threadsafe(_put_all, pairs)
+                loop.call_soon_threadsafe(_put_all, loop, pairs, event)
+                handled.append(event)
             except RuntimeError:
                 pass  # the consumer's loop is closed
+        # Let consumers handle this step's outputs before the next step starts computing:
+        # run in parallel with llama.cpp, their Python work would steal a core from its
+        # spin-waiting workers and slow the whole step. Bounded, so a stuck loop cannot stall.
+        deadline = time.perf_counter() + self.consumer_wait_s
+        for event in handled:
+            event.wait(max(0.0, deadline - time.perf_counter()))
 
     def _deliver_error(self, request_id: str, exc: BaseException) -> None:
         stream = self._streams.pop(request_id, None)
@@ -288,6 +298,9 @@ class AsyncEngine:
             pass
 
 
-def _put_all(pairs: list[tuple[RequestStream, RequestOutput]]) -> None:
+def _put_all(loop: asyncio.AbstractEventLoop, pairs: list[tuple[RequestStream, RequestOutput]],
+             handled: threading.Event) -> None:
     for stream, out in pairs:
         stream._put(out)
+    # queued behind the consumers the puts just woke, so it fires once they have run
+    loop.call_soon(handled.set)
