@@ -62,6 +62,10 @@ class Tokenizer(Protocol):
         """Raw bytes of one token as it appears in output text (may be part of a character)."""
         ...
 
+    def token_text(self, token_id: int) -> str:
+        """Text of one token including control tokens' markup (for chat templates)."""
+        ...
+
     def decode(self, token_ids: list[int]) -> str:
         """Text of a token sequence (invalid UTF-8 replaced)."""
         ...

@@ -31,7 +31,11 @@ def load_runner(
     name = _choose(backend)
     if name == "mlx":
         from backends.mlx.runner import load_mlx_runner
+        from models.convert import converted_dir, is_current
 
+        converted = converted_dir(path)  # `tandem models convert --to mlx` output, if current
+        if str(path).endswith(".gguf") and is_current(converted, path):
+            path = converted
         runner = load_mlx_runner(str(path), max_seqs=max_seqs,
                                  num_blocks=kv_tokens // block_size, block_size=block_size)
         return runner, name

@@ -1,4 +1,4 @@
-"""`tandem models list | pull NAME | path NAME`: the model store from the command line."""
+"""`tandem models list | pull NAME | path NAME | convert NAME --to mlx`: the model store."""
 
 from __future__ import annotations
 
@@ -19,6 +19,14 @@ def register(subparsers) -> None:
     path = actions.add_parser("path", help="print a downloaded model's file path")
     path.add_argument("name", help="registry name")
 
+    convert = actions.add_parser("convert", help="convert a GGUF model for another backend")
+    convert.add_argument("name", help="registry name or path to a .gguf")
+    convert.add_argument("--to", choices=["mlx"], required=True, help="target format")
+    convert.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
+                         default="float16", help="weight dtype of the converted model")
+    convert.add_argument("--quantize-bits", type=int, choices=[4, 8], default=None,
+                         help="requantize to MLX's affine format (lossy)")
+
     parser.set_defaults(func=run)
 
 
@@ -30,10 +38,22 @@ def run(args: argparse.Namespace) -> int:
             return _list()
         if args.models_command == "pull":
             return _pull(args.name, progress=not args.quiet)
+        if args.models_command == "convert":
+            return _convert(args)
         return _path(args.name)
-    except ModelStoreError as exc:
+    except (ModelStoreError, FileNotFoundError, ValueError, ImportError) as exc:
         print(f"tandem: {exc}", file=sys.stderr)
         return 1
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from models.convert import convert_gguf_to_mlx
+    from models.store import resolve_model
+
+    out = convert_gguf_to_mlx(resolve_model(args.name), dtype=args.dtype,
+                              quantize_bits=args.quantize_bits)
+    print(out)
+    return 0
 
 
 def _list() -> int:

@@ -1,0 +1,161 @@
+"""`tandem doctor`: what this machine has, which backends are installed, which would run, why.
+
+Prints chip, platform, memory, GPU, backend packages and versions, llama.cpp's build flags
+(`llama_print_system_info`) and the automatic backend choice with its reason. `--json` prints
+the same facts as one JSON object. Every probe is best-effort: a failing probe reports
+"unknown" instead of failing the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("doctor", help="show hardware, installed backends and the "
+                                                  "backend that would run")
+    parser.add_argument("--backend", choices=["llamacpp", "mlx"], default=None,
+                        help="check this backend instead of the automatic choice")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(func=run)
+
+
+def _cmd(argv: list[str], timeout: float = 5.0) -> str | None:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def chip() -> str:
+    if platform.system() == "Darwin":
+        return _cmd(["sysctl", "-n", "machdep.cpu.brand_string"]) or platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_bytes() -> int | None:
+    """Physical memory in bytes."""
+    if platform.system() == "Darwin":
+        v = _cmd(["sysctl", "-n", "hw.memsize"])
+        return int(v) if v and v.isdigit() else None
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def nvidia_gpus() -> list[str]:
+    out = _cmd(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                "--format=csv,noheader"])
+    return [line.strip() for line in out.splitlines() if line.strip()] if out else []
+
+
+def mlx_facts() -> dict[str, Any]:
+    from backends.select import mlx_available, package_version
+
+    facts: dict[str, Any] = {"installed": mlx_available(), "mlx": package_version("mlx"),
+                             "mlx_lm": package_version("mlx_lm")}
+    if facts["installed"]:
+        try:
+            import mlx.core as mx
+
+            facts["metal"] = bool(mx.metal.is_available())
+            facts["default_device"] = str(mx.default_device())
+            if facts["metal"]:
+                info = mx.metal.device_info()
+                facts["device"] = {k: info[k] for k in ("device_name", "architecture",
+                                                        "memory_size") if k in info}
+        except Exception as e:  # a broken install should be reported, not crash doctor
+            facts["error"] = str(e)
+    return facts
+
+
+def llamacpp_facts() -> dict[str, Any]:
+    from backends.select import llamacpp_available, package_version
+
+    facts: dict[str, Any] = {"installed": llamacpp_available(),
+                             "version": package_version("llama_cpp")}
+    if facts["installed"]:
+        try:
+            import llama_cpp
+
+            info = llama_cpp.llama_print_system_info()
+            text = info.decode() if isinstance(info, bytes) else str(info)
+            facts["system_info"] = text.strip().rstrip("|").strip()
+            facts["gpu_offload"] = bool(llama_cpp.llama_supports_gpu_offload())
+        except Exception as e:
+            facts["error"] = str(e)
+    return facts
+
+
+def collect(requested: str | None = None) -> dict[str, Any]:
+    from backends.select import select_backend_with_reason
+
+    mem = memory_bytes()
+    facts: dict[str, Any] = {
+        "platform": f"{platform.system()} {platform.release()} ({platform.machine()})",
+        "python": platform.python_version(),
+        "chip": chip(),
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem / 2**30, 1) if mem else None,
+        "nvidia_gpus": nvidia_gpus(),
+        "mlx": mlx_facts(),
+        "llamacpp": llamacpp_facts(),
+    }
+    try:
+        sel = select_backend_with_reason(requested)
+        facts["backend"], facts["reason"] = sel.backend, sel.reason
+    except ValueError as e:
+        facts["backend"], facts["reason"] = None, str(e)
+    return facts
+
+
+def _print(f: dict[str, Any]) -> None:
+    def line(k, v):
+        print(f"{k:<18} {v}")
+
+    line("platform", f["platform"])
+    line("chip", f"{f['chip']} ({f['cpus']} CPUs)")
+    line("memory", f"{f['memory_gib']} GiB" if f["memory_gib"] else "unknown")
+    line("nvidia gpu", "; ".join(f["nvidia_gpus"]) or "none (nvidia-smi not found)")
+    m = f["mlx"]
+    if m["installed"]:
+        where = "Metal" if m.get("metal") else "CPU only"
+        dev = m.get("device", {}).get("device_name", "")
+        line("mlx", f"mlx {m['mlx']}, mlx-lm {m['mlx_lm']} ({where}{', ' + dev if dev else ''})")
+    else:
+        line("mlx", "not installed" + (f" (mlx {m['mlx']} without mlx-lm)" if m["mlx"] else ""))
+    lc = f["llamacpp"]
+    if lc["installed"]:
+        gpu = "GPU offload" if lc.get("gpu_offload") else "CPU only"
+        line("llama.cpp", f"llama-cpp-python {lc['version']} ({gpu})")
+        if lc.get("system_info"):
+            line("llama.cpp build", lc["system_info"])
+    else:
+        line("llama.cpp", "not installed")
+    if f.get("backend"):
+        line("backend", f"{f['backend']}: {f['reason']}")
+    else:
+        line("backend", f"none: {f['reason']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    facts = collect(args.backend)
+    if args.json:
+        print(json.dumps(facts, indent=2))
+    else:
+        _print(facts)
+    return 0 if facts.get("backend") else 1

@@ -1,0 +1,82 @@
+"""Reference results from llama.cpp (llama-cpp-python's low-level API) for MLX parity tests.
+
+Loads the same GGUF on the CPU with `use_extra_bufts=False` (AMX repacking raises SIGILL in
+this sandbox, shared/notes/llamacpp.md §2) and returns tokens and next-token logits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+
+class LlamaCppRef:
+    """One llama.cpp model + single-sequence context (seq 0)."""
+
+    def __init__(self, path: str, n_ctx: int = 256):
+        import llama_cpp as lc
+
+        self.lc = lc
+        # silence llama.cpp's per-tensor load log; keep the ctypes callback alive
+        self._quiet = lc.llama_log_callback(lambda level, text, data: None)
+        lc.llama_log_set(self._quiet, ctypes.c_void_p())
+        lc.llama_backend_init()
+        mp = lc.llama_model_default_params()
+        mp.use_extra_bufts = False
+        self.model = lc.llama_model_load_from_file(path.encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        self.vocab = lc.llama_model_get_vocab(self.model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        cp = lc.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = n_ctx
+        cp.n_threads = cp.n_threads_batch = 2
+        self.ctx = lc.llama_init_from_model(self.model, cp)
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = False):
+        raw = text.encode("utf-8")
+        buf = (self.lc.llama_token * (len(raw) + 8))()
+        n = self.lc.llama_tokenize(self.vocab, raw, len(raw), buf, len(buf), add_special,
+                                   parse_special)
+        if n < 0:
+            raise RuntimeError("llama_tokenize buffer too small")
+        return list(buf[:n])
+
+    def is_eog(self, token_id: int) -> bool:
+        return bool(self.lc.llama_vocab_is_eog(self.vocab, token_id))
+
+    def logits(self, tokens: list[int]) -> np.ndarray:
+        """Next-token logits `[n_vocab]` float32 after a fresh prefill of `tokens`."""
+        lc = self.lc
+        lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
+        batch = lc.llama_batch_init(len(tokens), 0, 1)
+        try:
+            for i, t in enumerate(tokens):
+                batch.token[i] = t
+                batch.pos[i] = i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = i == len(tokens) - 1
+            batch.n_tokens = len(tokens)
+            rc = lc.llama_decode(self.ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+            ptr = lc.llama_get_logits_ith(self.ctx, len(tokens) - 1)
+            arr = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
+                                        shape=(self.n_vocab,))
+            return arr.copy()
+        finally:
+            lc.llama_batch_free(batch)
+
+    def greedy(self, tokens: list[int], n: int) -> list[int]:
+        """`n` greedy tokens after `tokens` (recomputes the prefix each step; tests only)."""
+        out: list[int] = []
+        for _ in range(n):
+            out.append(int(np.argmax(self.logits(tokens + out))))
+        return out
+
+    def close(self) -> None:
+        self.lc.llama_free(self.ctx)
+        self.lc.llama_model_free(self.model)
