@@ -1,0 +1,62 @@
+"""`tandem chat`: the terminal chat (Textual), in-process or against a server."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "chat",
+        help="interactive terminal chat",
+        description="Chat in the terminal. Runs the engine in-process, or talks to any "
+        "OpenAI-compatible server with --server. Press F1 inside for all keys.",
+    )
+    parser.add_argument(
+        "--model", "-m", default=None,
+        help=f"registry name or GGUF path (default: {DEFAULT_MODEL}; with --server: the "
+        "server's first model)",
+    )
+    parser.add_argument(
+        "--server", metavar="URL", default=None,
+        help="OpenAI-compatible server, e.g. http://127.0.0.1:8000 (no local model is loaded)",
+    )
+    parser.add_argument("--api-key", default=None, help="bearer token for --server")
+    parser.add_argument(
+        "--system", metavar="TEXT", default=None,
+        help="start a new chat with this system prompt",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Heavy imports stay here so `tandem --help` is fast.
+    from tui.app import ChatApp
+    from tui.backend import ChatBackend
+    from tui.config import load_config
+    from tui.paths import config_path, data_dir
+    from tui.store import ChatStore, SchemaTooNewError
+
+    backend: ChatBackend
+    if args.server:
+        from tui.server_backend import ServerBackend
+
+        backend = ServerBackend(args.server, model=args.model, api_key=args.api_key)
+    else:
+        from tui.engine_backend import EngineBackend
+
+        backend = EngineBackend(args.model or DEFAULT_MODEL)
+    path = config_path()
+    try:
+        store = ChatStore(data_dir() / "chats.db")
+    except SchemaTooNewError as exc:
+        print(f"tandem chat: {exc}")
+        return 1
+    try:
+        app = ChatApp(backend, store, load_config(path), system_prompt=args.system, config_path=path)
+        return app.run() or 0
+    finally:
+        backend.close()
+        store.close()

@@ -1,0 +1,55 @@
+"""The chat against the embedded model in-process (skips if the model is not in the store)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.tui.conftest import SIZE, send, wait_until
+from tests.tui.real_model import DEFAULT_MODEL, link_store
+from tui.app import ChatApp
+from tui.config import ChatConfig
+from tui.engine_backend import EngineBackend
+from tui.settings import ChatSettings
+from tui.store import ChatStore
+from tui.widgets.conversation import ErrorView
+
+pytestmark = pytest.mark.model
+
+
+async def turn(pilot, text: str, n_messages: int) -> None:
+    """Send `text` and wait until the chat holds `n_messages` or shows an error."""
+    app = pilot.app
+    await send(pilot, text)
+
+    def settled() -> bool:
+        stored = len(app.store.messages(app.chat.id)) >= n_messages
+        return (stored and not app.busy) or bool(app.conversation.query(ErrorView))
+
+    await wait_until(pilot, settled, timeout=180)
+    errors = [str(e.render()) for e in app.conversation.query(ErrorView)]
+    assert not errors, errors
+
+
+async def test_real_reply_streams_with_stats(_tandem_home, db_path):
+    link_store(_tandem_home)
+    backend = EngineBackend(DEFAULT_MODEL)
+    store = ChatStore(db_path)
+    config = ChatConfig(defaults=ChatSettings(temperature=0.0, max_tokens=24))
+    app = ChatApp(backend, store, config)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.status.info.state != "loading", timeout=120)
+            assert app.ready, app.query_one("#banner").render()
+            await turn(pilot, "What is the capital of France?", 2)
+            reply = app.conversation.messages()[-1]
+            assert reply.role == "assistant" and reply.text.strip()
+            info = app.status.info
+            assert info.backend == "llamacpp" and info.model == DEFAULT_MODEL
+            assert info.decode_tok_s and info.decode_tok_s > 0
+            assert info.ttft_s and info.ttft_s > 0
+            # The follow-up resends the history; the engine serves its prefix from cache.
+            await turn(pilot, "And of Germany?", 4)
+            assert app.status.info.cached_tokens and app.status.info.cached_tokens > 0
+    finally:
+        backend.close()
+        store.close()

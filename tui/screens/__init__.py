@@ -1,0 +1,1 @@
+"""Modal screens: help, per-chat settings, small dialogs."""

@@ -1,0 +1,1 @@
+"""Widgets of the chat screen: conversation, prompt input, status bar, chat list."""
