@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP API over `AsyncEngine` (FastAPI + uvicorn); see `app.server.app`."""

@@ -1,0 +1,82 @@
+"""The FastAPI application of `tandem serve`.
+
+`create_app(engine, ...)` wires the routes, the OpenAI error shape, the API key, CORS and
+Prometheus metrics around an engine that is already loaded; the caller owns the engine
+(and shuts it down).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.server import routes_chat, routes_completions, routes_misc
+from app.server.auth import require_api_key
+from app.server.context import ServerContext
+from app.server.errors import install_error_handlers
+from app.server.metrics import ServerMetrics
+
+
+class _CountResponses:
+    """Pure ASGI middleware counting responses by path and status (keeps streaming intact)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.observe_response(path, int(message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+def create_app(
+    engine: Any,
+    api_key: str | None = None,
+    model_name: str | None = None,
+    aliases: Iterable[str] = (),
+    cors_origins: Iterable[str] = (),
+) -> FastAPI:
+    """An app serving `engine` (an `AsyncEngine`, or anything with its API).
+
+    `model_name` is the id listed by `/v1/models` (default `engine.model_name`); requests may
+    also name any of `aliases`. With `api_key`, every `/v1` route needs `Authorization:
+    Bearer <api_key>`; `/health` and `/metrics` stay open. `cors_origins` enables CORS for
+    those origins (`"*"` for any).
+    """
+    name = model_name or str(engine.model_name)
+    metrics = ServerMetrics(engine)
+    app = FastAPI(title="tandem", version="0.1.0", docs_url=None, redoc_url=None)
+    app.state.ctx = ServerContext(
+        engine=engine, model_name=name, aliases=frozenset(aliases), metrics=metrics
+    )
+    app.state.api_key = api_key or None
+    install_error_handlers(app)
+    guarded = [Depends(require_api_key)]
+    app.include_router(routes_chat.router, dependencies=guarded)
+    app.include_router(routes_completions.router, dependencies=guarded)
+    app.include_router(routes_misc.router, dependencies=guarded)
+    app.include_router(routes_misc.public)
+    origins = list(cors_origins)
+    if origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            allow_credentials="*" not in origins,
+        )
+    app.add_middleware(_CountResponses, metrics=metrics)
+    return app

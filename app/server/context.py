@@ -1,0 +1,58 @@
+"""What every route needs: the engine, the served model's names, the metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from app.server.errors import APIError
+from app.server.metrics import ServerMetrics
+
+
+@dataclass
+class ServerContext:
+    """Per-app state, stored on `app.state.ctx`.
+
+    `engine` is an `AsyncEngine` (or anything with its API); `model_name` is the id
+    `/v1/models` lists; `aliases` are further names a request's `model` may use (the registry
+    name, the file name and stem).
+    """
+
+    engine: Any
+    model_name: str
+    aliases: frozenset[str] = frozenset()
+    metrics: ServerMetrics | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def resolve_model(self, requested: str | None) -> str:
+        """The name to answer with for a request's `model` field.
+
+        Raises APIError 404 `model_not_found` when the name is neither the served model nor
+        one of its aliases (compared case-insensitively). A missing `model` means the served one.
+        """
+        if requested is None or requested == "":
+            return self.model_name
+        names = {self.model_name.lower(), *(a.lower() for a in self.aliases)}
+        if requested.lower() in names:
+            return requested
+        raise APIError(
+            404,
+            f"The model `{requested}` does not exist. This server serves `{self.model_name}`.",
+            param="model",
+            code="model_not_found",
+        )
+
+    @property
+    def context_length(self) -> int:
+        return int(self.engine.context_length)
+
+
+def get_ctx(request: Request) -> ServerContext:
+    """FastAPI dependency: the app's `ServerContext`."""
+    return request.app.state.ctx
+
+
+Ctx = Annotated[ServerContext, Depends(get_ctx)]

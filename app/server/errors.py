@@ -1,0 +1,165 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the right status.
+
+Every failure the server reports goes through here, so clients (the official `openai`
+package, which retries on 5xx) see 400 for their own mistakes — including FastAPI's request
+validation, which would otherwise answer 422 `{"detail": ...}` — and 5xx only for ours.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("tandem.server")
+
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+
+
+def error_body(
+    message: str, type: str = INVALID_REQUEST, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """The OpenAI error object, as a JSON-ready dict."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class APIError(Exception):
+    """An error answered as `status` with OpenAI's error body (and optional headers)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = INVALID_REQUEST,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    """400 invalid_request_error."""
+    return APIError(400, message, INVALID_REQUEST, param, code)
+
+
+def context_length_exceeded(prompt_tokens: int, context_length: int, param: str) -> APIError:
+    """400 with code `context_length_exceeded`, worded like OpenAI's."""
+    return bad_request(
+        f"This model's maximum context length is {context_length} tokens. However, your "
+        f"{param} resulted in {prompt_tokens} tokens (at most {context_length - 1} leave room "
+        f"for a reply). Please reduce the length of the {param}.",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def overloaded(detail: str = "") -> APIError:
+    """503: the engine's admission queue is full; the client should retry later."""
+    message = "The server is overloaded with requests; please retry shortly."
+    if detail:
+        message = f"{message} ({detail})"
+    return APIError(503, message, SERVER_ERROR, None, "overloaded", headers={"Retry-After": "1"})
+
+
+def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or None
+
+
+def validation_error(errors: list[dict[str, Any]]) -> APIError:
+    """Turn pydantic/FastAPI validation errors into one 400 naming the first bad field.
+
+    Errors of one union-typed field (e.g. `prompt`) come as several entries whose locations
+    carry the tried member types; the field path is their common prefix.
+    """
+    if not errors:
+        return bad_request("Invalid request body.")
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return bad_request(
+            "We could not parse the JSON body of your request. The body must be valid JSON: "
+            + str(first.get("msg", ""))
+        )
+    loc = tuple(first.get("loc", ()))
+    if loc and loc[0] == "body":
+        loc = loc[1:]
+    if not loc:  # the body as a whole is missing or not an object
+        return bad_request("The request body must be a JSON object: " + str(first.get("msg", "")))
+    group = [tuple(e.get("loc", ()))[1:] for e in errors if tuple(e.get("loc", ()))[1:2] == loc[:1]]
+    prefix = list(loc)
+    for other in group[1:]:
+        n = 0
+        while n < min(len(prefix), len(other)) and prefix[n] == other[n]:
+            n += 1
+        prefix = prefix[:n]
+    param = _loc_to_param(tuple(prefix))
+    msg = str(first.get("msg", "invalid value"))
+    if first.get("type") == "missing":
+        return bad_request(f"Missing required parameter: '{param}'.", param=param)
+    if "input" in first and first.get("type") != "value_error":
+        shown = repr(first["input"])
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        return bad_request(f"Invalid value for '{param}': {msg} (got {shown}).", param=param)
+    return bad_request(f"Invalid value for '{param}': {msg}.", param=param)
+
+
+async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return exc.response()
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return validation_error(list(exc.errors())).response()
+
+
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 404:
+        message = f"Invalid URL ({request.method} {request.url.path})"
+    elif exc.status_code == 405:
+        message = f"Method {request.method} not allowed on {request.url.path}"
+    else:
+        message = str(exc.detail)
+    kind = INVALID_REQUEST if exc.status_code < 500 else SERVER_ERROR
+    return JSONResponse(error_body(message, kind), status_code=exc.status_code, headers=exc.headers)
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse(
+        error_body(f"Internal server error: {type(exc).__name__}: {exc}", SERVER_ERROR),
+        status_code=500,
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that give every error response OpenAI's shape."""
+    app.add_exception_handler(APIError, _on_api_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,362 @@
+"""Shared request plumbing between the HTTP routes and `AsyncEngine`.
+
+A request becomes one `Job` per choice (`n` choices per prompt; choice `j` of a request
+with a seed samples with `seed + j`). Jobs are submitted together — any refusal cancels the
+ones already submitted and becomes an OpenAI error — and their outputs are merged as they
+arrive. Leaving the merge early (client gone, error) cancels every stream, which frees their
+KV blocks within one engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from app.engine.types import (
+    EngineOverloadedError,
+    PromptTooLongError,
+    RequestMetrics,
+    RequestOutput,
+    SamplingParams,
+    TokenLogprob,
+)
+from app.server.errors import (
+    APIError,
+    bad_request,
+    context_length_exceeded,
+    overloaded,
+)
+from app.server.metrics import ServerMetrics
+from app.server.schemas import SamplingFields
+
+T = TypeVar("T")
+
+
+@dataclass
+class Job:
+    """One choice to generate: `index` is its choice index in the response."""
+
+    index: int
+    prompt_index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class ChoiceState:
+    """Accumulated output of one choice."""
+
+    job: Job
+    text_parts: list[str] = field(default_factory=list)
+    n_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    metrics: RequestMetrics | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        if out.text:
+            self.text_parts.append(out.text)
+        self.n_tokens += len(out.token_ids)
+        if out.logprobs:
+            self.logprobs.extend(out.logprobs)
+        if out.finished:
+            self.finish_reason = out.finish_reason
+            self.metrics = out.metrics
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.metrics.prompt_tokens if self.metrics else len(self.job.prompt_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.metrics.completion_tokens if self.metrics else self.n_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.metrics.cached_tokens if self.metrics else 0
+
+
+def usage(states: list[ChoiceState]) -> dict[str, Any]:
+    """OpenAI `usage`: each prompt counted once (the `n` choices share it), completions summed.
+
+    `prompt_tokens_details.cached_tokens` per prompt is the smallest prefix-cache hit among its
+    choices — what the cache held before this request, not what its own siblings put there.
+    """
+    prompt_tokens = 0
+    cached = 0
+    seen: dict[int, list[ChoiceState]] = {}
+    for s in states:
+        seen.setdefault(s.job.prompt_index, []).append(s)
+    for group in seen.values():
+        prompt_tokens += group[0].prompt_tokens
+        cached += min(s.cached_tokens for s in group)
+    completion = sum(s.completion_tokens for s in states)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def check_prompt(prompt_ids: list[int], context_length: int, n_vocab: int, param: str) -> None:
+    """Raise 400 for an empty prompt, out-of-vocabulary ids, or one that fills the context."""
+    if not prompt_ids:
+        raise bad_request(f"The {param} must not be empty.", param=param)
+    if len(prompt_ids) >= context_length:
+        raise context_length_exceeded(len(prompt_ids), context_length, param)
+    if n_vocab > 0:
+        bad = next((t for t in prompt_ids if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise bad_request(
+                f"Token id {bad} is out of the vocabulary [0, {n_vocab}).", param=param
+            )
+
+
+def sampling_params(
+    req: SamplingFields,
+    *,
+    max_tokens: int | None,
+    prompt_len: int,
+    context_length: int,
+    seed: int | None,
+    logprobs: int | None,
+) -> SamplingParams:
+    """Engine `SamplingParams` for one choice.
+
+    `max_tokens` is capped to the room left in the context (`None` = until EOS, a stop
+    string or the context limit). OpenAI defaults: temperature 1, top_p 1. Raises APIError 400
+    when the engine rejects a value.
+    """
+    room = context_length - prompt_len
+    if max_tokens is not None:
+        max_tokens = max(1, min(max_tokens, room))
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=max(req.top_k or 0, 0),
+            min_p=req.min_p or 0.0,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            seed=seed,
+            stop=req.stop_list(),
+            ignore_eos=bool(req.ignore_eos),
+            logprobs=logprobs,
+        )
+    except ValueError as exc:
+        raise bad_request(str(exc)) from exc
+
+
+def n_vocab(engine: Any) -> int:
+    """The engine's vocabulary size, or 0 when it does not say."""
+    info = getattr(engine, "info", None)
+    return int(getattr(info, "n_vocab", 0) or 0)
+
+
+def cancel_all(streams: list[Any]) -> None:
+    """Cancel every stream (idempotent)."""
+    for s in streams:
+        s.cancel()
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice `index`: `seed + index`, wrapped to an unsigned 64-bit value (numpy
+    generators take no negative seeds; OpenAI's are any int64)."""
+    return None if seed is None else (seed + index) % 2**64
+
+
+def submit_jobs(engine: Any, jobs: list[Job], request_id: str, param: str) -> list[Any]:
+    """Submit every job; all-or-nothing.
+
+    Raises APIError: 400 `context_length_exceeded` (PromptTooLongError), 503 (overload),
+    400 (other ValueError from the engine).
+    """
+    streams: list[Any] = []
+    try:
+        for job in jobs:
+            streams.append(
+                engine.submit(job.prompt_ids, job.params, request_id=f"{request_id}-{job.index}")
+            )
+    except BaseException as exc:
+        for s in streams:
+            s.cancel()
+        mapped = api_error(exc, param)
+        if mapped is not None:
+            raise mapped from exc
+        raise
+    return streams
+
+
+def api_error(exc: BaseException, param: str | None = None) -> APIError | None:
+    """The client-facing error for an engine refusal, or None for a server fault.
+
+    PromptTooLongError -> 400 `context_length_exceeded`; EngineOverloadedError -> 503;
+    any other ValueError (the engine's input validation) -> 400.
+    """
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, PromptTooLongError):
+        return context_length_exceeded(exc.prompt_tokens, exc.context_length, param or "prompt")
+    if isinstance(exc, EngineOverloadedError):
+        return overloaded(str(exc))
+    if isinstance(exc, ValueError):
+        return bad_request(str(exc), param)
+    return None
+
+
+async def merge_outputs(
+    streams: list[Any], metrics: ServerMetrics | None
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Yield `(stream position, output)` in arrival order until every stream has finished.
+
+    Closing the iterator early (or an error, or cancellation) cancels every stream. An
+    engine refusal delivered through a stream is raised as its APIError (see `api_error`).
+    """
+    inner = _merge(streams, metrics)
+    try:
+        async for item in inner:
+            yield item
+    except Exception as exc:
+        mapped = api_error(exc)
+        if mapped is None or mapped is exc:
+            raise
+        raise mapped from exc
+    finally:
+        await inner.aclose()
+        cancel_all(streams)  # even if the close above was itself interrupted
+
+
+async def _merge(
+    streams: list[Any], metrics: ServerMetrics | None
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    try:
+        if len(streams) == 1:
+            async for out in streams[0]:
+                if out.finished and metrics is not None:
+                    metrics.observe_finished(out.finish_reason, out.metrics)
+                yield 0, out
+            return
+        queue: asyncio.Queue[tuple[int, RequestOutput | None, BaseException | None]] = (
+            asyncio.Queue()
+        )
+
+        async def pump(pos: int, stream: Any) -> None:
+            try:
+                async for item in stream:
+                    await queue.put((pos, item, None))
+            except Exception as exc:  # reported to the consumer, which re-raises it
+                await queue.put((pos, None, exc))
+                return
+            await queue.put((pos, None, None))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                pos, out, err = await queue.get()
+                if err is not None:
+                    raise err
+                if out is None:
+                    remaining -= 1
+                    continue
+                if out.finished and metrics is not None:
+                    metrics.observe_finished(out.finish_reason, out.metrics)
+                yield pos, out
+        finally:
+            for t in tasks:
+                t.cancel()
+    finally:
+        for s in streams:
+            s.cancel()
+
+
+async def collect(
+    streams: list[Any], jobs: list[Job], metrics: ServerMetrics | None
+) -> list[ChoiceState]:
+    """Run every stream to its end; the choices' accumulated outputs, in job order."""
+    states = [ChoiceState(job) for job in jobs]
+    gen = merge_outputs(streams, metrics)
+    try:
+        async for pos, out in gen:
+            states[pos].add(out)
+    finally:
+        await gen.aclose()
+    return states
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its (non-streamed) response was ready."""
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it if the client disconnects first.
+
+    Raises ClientDisconnected in that case (answered with status 499, which nobody reads).
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        watcher.cancel()
+        task.cancel()
+        raise
+    watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientDisconnected()
+    return task.result()
+
+
+def sse(obj: dict[str, Any]) -> str:
+    """One server-sent event in OpenAI's framing: `data: {json}\\n\\n`."""
+    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def event_stream(events: AsyncIterator[str]) -> StreamingResponse:
+    """A `text/event-stream` response; the iterator is cancelled if the client disconnects."""
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def stream_error(exc: BaseException) -> str:
+    """The SSE event reporting an error after streaming began."""
+    if isinstance(exc, APIError):
+        return sse(exc.body())
+    return sse(
+        {
+            "error": {
+                "message": f"Internal server error: {type(exc).__name__}: {exc}",
+                "type": "server_error",
+                "param": None,
+                "code": None,
+            }
+        }
+    )

@@ -1,0 +1,135 @@
+"""Prometheus metrics of one server (prometheus-client, one `CollectorRegistry` per app).
+
+Two sources:
+- per-request observations the HTTP layer makes when a sequence finishes: TTFT, TPOT and
+  end-to-end latency histograms (seconds), finished sequences by finish reason, HTTP
+  responses by path and status;
+- an engine collector that reads `engine.stats()` at scrape time: running/waiting requests,
+  KV blocks total/used/free, and the engine's cumulative prompt, generation and prefix-cache
+  hit token counters. Nothing is polled in the background.
+
+Names are `tandem_*`, units in the name (`_seconds`, `_tokens`), as Prometheus advises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from app.engine.types import RequestMetrics
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+KNOWN_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
+)
+
+
+class _EngineCollector(Collector):
+    """Reads `engine.stats()` (an `EngineStats`) on every scrape."""
+
+    def __init__(self, engine: Any):
+        self._engine = engine
+
+    def collect(self) -> Iterable[Metric]:
+        s = self._engine.stats()
+        yield GaugeMetricFamily(
+            "tandem_requests_running", "Sequences in the running batch.", value=s.running
+        )
+        yield GaugeMetricFamily(
+            "tandem_requests_waiting", "Sequences admitted but waiting.", value=s.waiting
+        )
+        yield GaugeMetricFamily(
+            "tandem_kv_blocks_total", "KV cache capacity in blocks.", value=s.kv_blocks_total
+        )
+        yield GaugeMetricFamily(
+            "tandem_kv_blocks_used",
+            "KV blocks held by live sequences.",
+            value=s.kv_blocks_used,
+        )
+        yield GaugeMetricFamily(
+            "tandem_kv_blocks_free",
+            "KV blocks not held by live sequences (cached-but-evictable included).",
+            value=s.kv_blocks_total - s.kv_blocks_used,
+        )
+        yield CounterMetricFamily(
+            "tandem_prefix_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache.",
+            value=s.prefix_cache_hit_tokens,
+        )
+        yield CounterMetricFamily(
+            "tandem_prompt_tokens", "Prompt tokens received.", value=s.prompt_tokens_total
+        )
+        yield CounterMetricFamily(
+            "tandem_generation_tokens", "Tokens generated.", value=s.generation_tokens_total
+        )
+        yield CounterMetricFamily(
+            "tandem_engine_requests_finished",
+            "Sequences the engine finished (any reason).",
+            value=s.requests_finished,
+        )
+
+
+class ServerMetrics:
+    """The metrics of one app; `render()` gives the Prometheus text exposition."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, engine: Any):
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(engine))
+        self.http_responses = Counter(
+            "tandem_http_requests",
+            "HTTP responses by path and status code.",
+            ["path", "status"],
+            registry=self.registry,
+        )
+        self.finished = Counter(
+            "tandem_requests_finished",
+            "Sequences served over HTTP that finished, by finish reason.",
+            ["finish_reason"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "tandem_time_to_first_token_seconds",
+            "Time from arrival to the first generated token.",
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.tpot = Histogram(
+            "tandem_time_per_output_token_seconds",
+            "Mean time per output token after the first, per sequence.",
+            buckets=TPOT_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "tandem_e2e_request_latency_seconds",
+            "Time from arrival to the last token, per sequence.",
+            buckets=E2E_BUCKETS,
+            registry=self.registry,
+        )
+
+    def observe_finished(self, finish_reason: str | None, m: RequestMetrics | None) -> None:
+        """Record one finished sequence (its timings come from the engine's metrics)."""
+        self.finished.labels(finish_reason or "unknown").inc()
+        if m is None:
+            return
+        if m.ttft is not None:
+            self.ttft.observe(max(m.ttft, 0.0))
+        if m.tpot is not None:
+            self.tpot.observe(max(m.tpot, 0.0))
+        if m.finish_time is not None:
+            self.e2e.observe(max(m.finish_time - m.arrival_time, 0.0))
+
+    def observe_response(self, path: str, status: int) -> None:
+        self.http_responses.labels(path if path in KNOWN_PATHS else "other", str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,219 @@
+"""`POST /v1/completions`: legacy text completion.
+
+`prompt` is a string, a list of strings, a list of token ids or a list of such lists; each
+prompt gets `n` choices, choice index `prompt_index * n + i` (OpenAI's order). Text prompts
+are tokenized with `engine.encode_prompt` (BOS added if the model wants it); id prompts are
+used as given. `max_tokens` defaults to 16, as OpenAI's does. `echo` prepends the prompt
+(its text, or the decoded ids) to each choice; with `logprobs`, echoed prompt tokens carry
+null log-probabilities (the engine does not score prompts).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.background import BackgroundTask
+
+from app.server.context import Ctx, ServerContext
+from app.server.errors import bad_request
+from app.server.generation import (
+    SSE_DONE,
+    ChoiceState,
+    ClientDisconnected,
+    Job,
+    cancel_all,
+    check_prompt,
+    choice_seed,
+    collect,
+    event_stream,
+    merge_outputs,
+    n_vocab,
+    sampling_params,
+    sse,
+    stream_error,
+    submit_jobs,
+    until_disconnect,
+    usage,
+)
+from app.server.logprobs import LegacyLogprobs, merge_legacy
+from app.server.schemas import CompletionRequest
+
+log = logging.getLogger("tandem.server")
+router = APIRouter()
+
+DEFAULT_MAX_TOKENS = 16
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    text: str | None  # the request's text, when given as text
+
+
+def parse_prompts(
+    engine: Any, prompt: str | list[str] | list[int] | list[list[int]]
+) -> list[Prompt]:
+    """The request's prompts as token ids; 400 for an empty list."""
+    if isinstance(prompt, str):
+        return [Prompt(list(engine.encode_prompt(prompt)), prompt)]
+    if not prompt:
+        raise bad_request("The prompt must not be empty.", "prompt")
+    if isinstance(prompt[0], str):
+        return [Prompt(list(engine.encode_prompt(p)), p) for p in prompt]  # type: ignore[arg-type]
+    if isinstance(prompt[0], int):
+        return [Prompt(list(prompt), None)]  # type: ignore[arg-type]
+    return [Prompt(list(p), None) for p in prompt]  # type: ignore[union-attr]
+
+
+class _Echo:
+    """The echoed prompt of one prompt: its text and (for logprobs) its token texts."""
+
+    def __init__(self, engine: Any, prompt: Prompt):
+        tok = engine.tokenizer
+        self.text = prompt.text if prompt.text is not None else tok.decode(prompt.ids)
+        self._engine = engine
+        self._ids = prompt.ids
+
+    def token_texts(self) -> list[str]:
+        return [self._engine.tokenizer.decode([t]) for t in self._ids]
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request, ctx: Ctx) -> Response:
+    model = ctx.resolve_model(body.model)
+    n = body.n or 1
+    if body.best_of is not None and body.best_of != n:
+        raise bad_request("best_of is not supported (use n).", "best_of")
+    if body.suffix:
+        raise bad_request("suffix (insertion) is not supported by this model.", "suffix")
+    prompts = parse_prompts(ctx.engine, body.prompt)
+    for p in prompts:
+        check_prompt(p.ids, ctx.context_length, n_vocab(ctx.engine), "prompt")
+    max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    jobs = []
+    for pi, p in enumerate(prompts):
+        for i in range(n):
+            index = pi * n + i
+            params = sampling_params(
+                body,
+                max_tokens=max_tokens,
+                prompt_len=len(p.ids),
+                context_length=ctx.context_length,
+                seed=choice_seed(body.seed, index),
+                logprobs=body.logprobs,
+            )
+            jobs.append(Job(index=index, prompt_index=pi, prompt_ids=p.ids, params=params))
+    echoes = [_Echo(ctx.engine, p) for p in prompts] if body.echo else None
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    head = {
+        "id": rid,
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": f"tandem-{getattr(ctx.engine, 'backend_name', 'engine')}",
+    }
+    streams = submit_jobs(ctx.engine, jobs, rid, "prompt")
+    if body.stream:
+        response = event_stream(
+            _chunks(ctx, streams, jobs, head, body.include_usage, body.logprobs, echoes)
+        )
+        response.background = BackgroundTask(cancel_all, streams)
+        return response
+    try:
+        states = await until_disconnect(request, collect(streams, jobs, ctx.metrics))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        cancel_all(streams)
+    return JSONResponse(_completion(head, states, body.logprobs, echoes))
+
+
+def _completion(
+    head: dict[str, Any],
+    states: list[ChoiceState],
+    top: int | None,
+    echoes: list[_Echo] | None,
+) -> dict[str, Any]:
+    choices = []
+    for s in states:
+        echo = echoes[s.job.prompt_index] if echoes else None
+        text = (echo.text if echo else "") + s.text
+        logprobs = None
+        if top is not None:
+            builder = LegacyLogprobs(top)
+            parts = [builder.prompt(echo.token_texts())] if echo else []
+            if echo:
+                builder.offset = len(echo.text)
+            parts.append(builder.add(s.logprobs))
+            logprobs = merge_legacy(parts)
+        choices.append(
+            {
+                "index": s.job.index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": s.finish_reason,
+            }
+        )
+    return {
+        "id": head["id"],
+        "object": "text_completion",
+        **head,
+        "choices": choices,
+        "usage": usage(states),
+    }
+
+
+async def _chunks(
+    ctx: ServerContext,
+    streams: list[Any],
+    jobs: list[Job],
+    head: dict[str, Any],
+    include_usage: bool,
+    top: int | None,
+    echoes: list[_Echo] | None,
+) -> AsyncIterator[str]:
+    base = {"id": head["id"], "object": "text_completion", **head}
+
+    def chunk(index: int, text: str, lp: Any = None, finish: str | None = None) -> str:
+        body: dict[str, Any] = {
+            **base,
+            "choices": [{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}],
+        }
+        if include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    states = [ChoiceState(job) for job in jobs]
+    builders = [LegacyLogprobs(top) if top is not None else None for _ in jobs]
+    outputs = merge_outputs(streams, ctx.metrics)
+    try:
+        if echoes:
+            for job, builder in zip(jobs, builders, strict=True):
+                echo = echoes[job.prompt_index]
+                lp = builder.prompt(echo.token_texts()) if builder else None
+                if builder:
+                    builder.offset = len(echo.text)
+                yield chunk(job.index, echo.text, lp)
+        async for pos, out in outputs:
+            state = states[pos]
+            state.add(out)
+            builder = builders[pos]
+            lp = builder.add(out.logprobs or []) if builder and out.logprobs else None
+            if out.text or lp is not None:
+                yield chunk(state.job.index, out.text, lp)
+            if out.finished:
+                yield chunk(state.job.index, "", finish=out.finish_reason)
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": usage(states)})
+    except Exception as exc:
+        log.exception("completion stream %s failed", head["id"])
+        yield stream_error(exc)
+    finally:
+        await outputs.aclose()
+    yield SSE_DONE
