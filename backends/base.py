@@ -5,7 +5,8 @@ sampler run in tests against a fake runner.
 
 Sequences live in *slots* (`0 <= slot < Runner.max_seqs`). The engine owns the paged KV
 accounting (block ids, `block_size` tokens each); a runner either stores KV in a pool indexed
-by those block ids (MLX) or maps them onto its own storage (llama.cpp tags KV cells per slot).
+by those block ids (MLX) or maps them onto its own storage (llama.cpp: cells tagged per slot,
+idle cached prefixes saved to host memory).
 """
 
 from __future__ import annotations
@@ -92,12 +93,8 @@ class Runner(Protocol):
         ...
 
     def release(self, slot: int, n_keep_blocks: int) -> None:
-        """The slot's sequence is done. Keep its first `n_keep_blocks` blocks resident (they
-        are in the prefix cache), drop the rest."""
-        ...
-
-    def clear_slot(self, slot: int) -> list[int]:
-        """Empty a slot before reuse; returns block ids that are no longer resident anywhere."""
+        """The slot's sequence is done and the slot is free again. Its first `n_keep_blocks`
+        blocks are in the prefix cache: keep their KV restorable until `evict`."""
         ...
 
     def evict(self, block_ids: list[int]) -> None:

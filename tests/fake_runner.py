@@ -56,10 +56,6 @@ class FakeRunner:
     def release(self, slot, n_keep_blocks):
         self.calls.append(("release", slot, n_keep_blocks))
 
-    def clear_slot(self, slot):
-        self.calls.append(("clear", slot))
-        return []
-
     def evict(self, block_ids):
         self.calls.append(("evict", list(block_ids)))
 

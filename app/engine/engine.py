@@ -56,7 +56,7 @@ class LLMEngine:
             enable_prefix_caching=self.config.enable_prefix_caching,
             on_evict=runner.evict,
         )
-        self.slots = SlotPool(runner.max_seqs, runner.clear_slot, self.block_manager.uncache)
+        self.slots = SlotPool(runner.max_seqs)
         self.scheduler = Scheduler(
             sched_cfg, self.block_manager, self.slots, runner.share_blocks, runner.release
         )

@@ -57,8 +57,8 @@ class Scheduler:
     block_manager: KV accounting.
     slots: the runner's sequence slots.
     share_blocks: runner hook, `(slot, block_ids)`: make cached blocks the slot's prefix.
-    release_slot: runner hook, `(slot, n_keep_blocks)`: drop a sequence, keep its cached
-        prefix resident.
+    release_slot: runner hook, `(slot, n_keep_blocks)`: drop a sequence; its first
+        `n_keep_blocks` blocks are cached and must stay restorable.
     """
 
     def __init__(
@@ -126,7 +126,7 @@ class Scheduler:
             num_cached = len(cached) * self.block_manager.block_size
             num_new = min(request.num_tokens - num_cached, budget)
             if not self.block_manager.allocate(request, num_cached + num_new, cached):
-                self.slots.release(slot, parked=False)
+                self.slots.release(slot)
                 break
             self.waiting.popleft()
             request.slot = slot
@@ -155,7 +155,7 @@ class Scheduler:
         self.block_manager.free(request)
         if request.slot is not None:
             self._release_slot(request.slot, n_keep)
-            self.slots.release(request.slot, parked=n_keep > 0)
+            self.slots.release(request.slot)
             request.slot = None
 
     def finish(self, request: Request, reason: str) -> None:

@@ -230,10 +230,6 @@ class MLXRunner:
     def release(self, slot: int, n_keep_blocks: int) -> None:
         """No-op: blocks stay in the pool until the engine reuses them."""
 
-    def clear_slot(self, slot: int) -> list[int]:
-        """No KV is lost when a slot is cleared (blocks outlive slots): returns []."""
-        return []
-
     def evict(self, block_ids: list[int]) -> None:
         """No-op: an evicted block is simply overwritten by its next owner."""
 

@@ -1,5 +1,5 @@
-"""Prefix sharing under pressure on llama.cpp: parked slots cleared, cached blocks evicted,
-requests preempted. Each request must decode what the model predicts without a prefix cache.
+"""Prefix sharing under pressure on llama.cpp: prefixes saved to host memory and restored,
+cached blocks evicted, requests preempted. Each request must decode what the model predicts without a prefix cache.
 
 Greedy tokens alone are a brittle criterion: a cached prefix was computed in other chunks than
 a fresh prefill, and llama.cpp's CPU flash-attention kernel accumulates in f16, which moves
@@ -24,7 +24,7 @@ def run_all(engine: LLMEngine, prompts: list[list[int]]) -> dict[str, list]:
     params = SamplingParams(temperature=0.0, max_tokens=N_TOKENS, ignore_eos=True, logprobs=3)
     outputs: dict[str, list] = {}
     pending = list(enumerate(prompts))
-    # a few at a time, so later requests arrive after earlier ones parked their slots
+    # a few at a time, so later requests arrive after earlier ones saved their prefixes
     while pending or engine.has_work():
         for _ in range(min(3, len(pending))):
             i, prompt = pending.pop(0)
@@ -63,7 +63,7 @@ def workload(embedded_model_path):
 
 def make_engine(path: str, prefix_caching: bool) -> LLMEngine:
     # 24 blocks of 16 tokens and 4 slots: too small to keep everything, so blocks are
-    # evicted, parked slots are cleared and running requests get preempted
+    # evicted, slots are reused and running requests get preempted
     runner = LlamaCppRunner(path, max_seqs=4, kv_tokens=24 * 16, max_batch_tokens=128,
                             n_threads=2)
     config = EngineConfig(context_length=256, enable_prefix_caching=prefix_caching,
@@ -77,7 +77,7 @@ def test_prefix_cache_under_pressure_decodes_what_the_model_predicts(embedded_mo
     cached = run_all(cached_engine, workload)
     assert cached_engine.block_manager.hit_tokens_total >= 200
     assert cached_engine.block_manager.num_used_blocks == 0
-    assert cached_engine.runner._holders  # parked cached blocks remain resident
+    assert cached_engine.runner.saved_bytes > 0  # cached prefixes kept in host memory
     cached_engine.runner.close()
 
     plain_engine = make_engine(embedded_model_path, prefix_caching=False)

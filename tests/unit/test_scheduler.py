@@ -89,11 +89,11 @@ def test_prefix_hit_shares_cached_blocks_with_exact_ids():
     prompt = list(range(1, 11))  # 10 tokens: 2 full blocks
     eng.add_request("a", prompt, greedy(1))
     run_all(eng)
-    assert runner.calls == [("release", 0, 2)]  # a's two full blocks stay resident in slot 0
+    assert runner.calls == [("release", 0, 2)]  # a's two full blocks stay cached
     eng.add_request("b", prompt, greedy(1))
     eng.step()
-    assert ("share", 1, [0, 1]) in runner.calls
-    assert planned(runner) == [(1, 8, 2, [1])]  # only the tail is computed
+    assert runner.calls[1] == ("share", 0, [0, 1])  # slot 0 is free again
+    assert planned(runner) == [(0, 8, 2, [1])]  # only the tail is computed
     b_out = eng.step() or None
     assert b_out is None
 
