@@ -44,15 +44,21 @@ async def run_level(engine: AsyncEngine, concurrency: int, requests: int, prompt
     n_vocab = engine.info.n_vocab
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
+    arrivals: list[list[float]] = []
+
     async def one(prompt: list[int]):
+        times: list[float] = []
+        arrivals.append(times)
         last = None
         async for out in engine.generate(prompt, params):
+            times.extend([time.perf_counter()] * len(out.token_ids))
             last = out
         return last.metrics
 
     # warm-up: excluded from the figures (its TTFT is reported: with a shared prefix at the
     # first level it is the cold-cache TTFT the cached ones compare against)
     warmup = await one(shared_prefix + random_tokens(rng, prompt_tokens, n_vocab, banned))
+    arrivals.clear()
     prompts = [shared_prefix + random_tokens(rng, prompt_tokens, n_vocab, banned)
                for _ in range(requests)]
     sem = asyncio.Semaphore(concurrency)
@@ -66,9 +72,6 @@ async def run_level(engine: AsyncEngine, concurrency: int, requests: int, prompt
     wall = time.perf_counter() - start
     out_tokens = sum(m.completion_tokens for m in metrics)
     tpots = [m.tpot for m in metrics if m.tpot]
-    # decode rate summed over requests: tokens after the first / time after the first
-    decode_rates = [(m.completion_tokens - 1) / (m.finish_time - m.first_token_time)
-                    for m in metrics if m.tpot]
     return {
         "concurrency": concurrency,
         "requests": requests,
@@ -76,13 +79,30 @@ async def run_level(engine: AsyncEngine, concurrency: int, requests: int, prompt
         "max_tokens": max_tokens,
         "throughput_tok_s": round(out_tokens / wall, 2),
         "per_user_tok_s": round(1.0 / float(np.median(tpots)), 2) if tpots else None,
-        "decode_tok_s_aggregate": round(sum(decode_rates) * min(1.0, concurrency / requests), 2),
+        "decode_tok_s_aggregate": steady_decode_rate(arrivals[:concurrency]),
         "ttft_ms": percentiles([m.ttft for m in metrics if m.ttft is not None]),
         "tpot_ms": percentiles(tpots),
         "prefix_cached_tokens": sum(m.cached_tokens for m in metrics),
         "warmup_ttft_ms": round(warmup.ttft * 1000, 2),
         "wall_s": round(wall, 3),
     }
+
+
+def steady_decode_rate(arrivals: list[list[float]]) -> float | None:
+    """Aggregate decode tokens/s while all of the first wave of requests are decoding.
+
+    `arrivals[i]` are the perf_counter times of request i's tokens. The window runs from the
+    last first token (every prompt is prefilled) to the first last token (none has finished),
+    so prefill chunks of other requests are outside it. None if the window is empty.
+    """
+    if not arrivals or any(len(a) < 2 for a in arrivals):
+        return None
+    start = max(a[0] for a in arrivals)
+    end = min(a[-1] for a in arrivals)
+    if end <= start:
+        return None
+    tokens = sum(sum(1 for t in a if start < t <= end) for a in arrivals)
+    return round(tokens / (end - start), 2)
 
 
 async def run_bench(engine: AsyncEngine, levels: list[int], requests: int, prompt_tokens: int,

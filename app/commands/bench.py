@@ -23,6 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", choices=["raw"], default=None,
                    help="also measure raw llama.cpp decode at each level's batch size and "
                         "report ratios (decode_vs_raw)")
+    p.add_argument("--vs-mlx-lm", action="store_true",
+                   help="with --backend mlx: compare against mlx-lm's stream_generate and "
+                        "BatchGenerator (at the largest --concurrency level) on the same "
+                        "converted model, plus prefix-hit TTFT (app/bench_mlx.py)")
     p.add_argument("--url", help="benchmark an OpenAI-compatible server instead (HTTP)")
     p.add_argument("--api-key", default=None, help="with --url")
     p.set_defaults(func=main)
@@ -35,7 +39,15 @@ def main(args: argparse.Namespace) -> int:
         return fail(f"--concurrency must be comma-separated integers, got {args.concurrency!r}")
     if not levels or min(levels) < 1:
         return fail("--concurrency levels must be >= 1")
+    if args.vs_mlx_lm and (args.backend != "mlx" or args.url):
+        return fail("--vs-mlx-lm needs --backend mlx and no --url")
     try:
+        if args.vs_mlx_lm:
+            from app.bench_mlx import run_comparison
+
+            run_comparison(args.model, args.prompt_tokens, args.max_tokens, max(levels),
+                           seed=args.seed, emit=lambda r: print(json.dumps(r), flush=True))
+            return 0
         if args.url:
             results = _http(args, levels)
         else:
@@ -54,11 +66,12 @@ async def _local(args: argparse.Namespace, levels: list[int]) -> list[dict]:
 
     raw = None
     if args.baseline == "raw":
-        # measured first, in this process, with the engine not yet loaded
-        from app.bench_raw import raw_decode_tok_s
+        # measured first, with the engine not yet loaded
+        from app.bench_raw import raw_decode_tok_s_subprocess
         from models.store import resolve_model
 
-        raw = raw_decode_tok_s(str(resolve_model(args.model)), levels, threads=args.threads)
+        raw = raw_decode_tok_s_subprocess(str(resolve_model(args.model)), levels,
+                                          threads=args.threads)
     engine = load_engine(args, max_seqs=max(levels))
     results = []
     try:
