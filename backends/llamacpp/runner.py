@@ -239,6 +239,8 @@ class LlamaCppRunner:
     def release(self, slot: int, n_keep_blocks: int) -> None:
         held = self._slot_blocks[slot]
         L.llama_memory_seq_rm(self._mem, slot, n_keep_blocks * self.block_size, -1)
+        for block_id in held[n_keep_blocks:]:
+            self._drop_holder(block_id, slot)
         del held[n_keep_blocks:]
         # save the prefix if this slot is the last place some cached block lives
         if any(b is not None and self._holders[b] == {slot} and not self._saved_holders.get(b)

@@ -99,3 +99,24 @@ def test_prefix_cache_under_pressure_decodes_what_the_model_predicts(embedded_mo
         assert gap < 0.5, f"{rid}: token {split} differs by {gap:.3f} nats"
     print(f"{identical}/{len(cached)} requests identical to the uncached run")
     assert identical >= len(cached) // 2
+
+
+def test_runner_bookkeeping_after_release_and_evict(embedded_model_path):
+    from backends.base import BatchItem
+
+    runner = LlamaCppRunner(embedded_model_path, max_seqs=2, kv_tokens=8 * 16, n_threads=2)
+    tokens = list(range(1000, 1040))  # 40 tokens: blocks 5, 6 full, block 7 partial
+    runner.execute([BatchItem(0, tokens, 0, [5, 6, 7], [39])])
+    assert runner._holders == {5: {0}, 6: {0}, 7: {0}}
+    runner.release(0, 2)  # blocks 5 and 6 are cached, 7 is dropped
+    assert runner._holders == {}
+    assert runner._saved_holders == {5: {0}, 6: {0}}
+    assert runner._saved[0][1] == [5, 6]
+    runner.share_blocks(1, [5, 6])  # restored from host memory into slot 1
+    assert runner._holders == {5: {1}, 6: {1}}
+    runner.evict([6])
+    assert runner._slot_blocks[1] == [5, None]
+    assert runner._saved[0][1] == [5, None]
+    runner.evict([5])
+    assert runner._saved == {} and runner._holders == {}
+    runner.close()
