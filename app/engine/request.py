@@ -41,6 +41,7 @@ class Request:
     finish_reason: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     num_preemptions: int = 0
+    prompt_block_hashes: list[bytes] | None = None  # chained hashes of full prompt blocks
     # set by the engine: sampler RNG, detokenizer, output sink
     rng: Any = None
     detokenizer: Any = None

@@ -112,6 +112,7 @@ class Scheduler:
             break  # the request preempted itself: nothing more fits
 
         # 2. admit waiting requests (not while preempting: memory is short)
+        inflight = self._inflight_prompt_blocks()
         while (
             self.waiting
             and budget > 0
@@ -119,10 +120,15 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting[0]
+            cached = self.block_manager.find_cached_prefix(request.token_ids)
+            if self._next_block_inflight(request, len(cached), inflight):
+                # a running prefill is computing this prompt's next block right now: wait a
+                # step and hit it in the cache instead of computing it twice (16 users
+                # sharing a system prompt would otherwise all prefill its tail)
+                break
             slot = self.slots.acquire()
             if slot is None:
                 break
-            cached = self.block_manager.find_cached_prefix(request.token_ids)
             num_cached = len(cached) * self.block_manager.block_size
             num_new = min(request.num_tokens - num_cached, budget)
             if not self.block_manager.allocate(request, num_cached + num_new, cached):
@@ -140,6 +146,29 @@ class Scheduler:
             out.num_scheduled_tokens[request] = num_new
             budget -= num_new
         return out
+
+    def _prompt_hashes(self, request: Request) -> list[bytes]:
+        if request.prompt_block_hashes is None:
+            n_full = request.num_prompt_tokens // self.block_manager.block_size
+            request.prompt_block_hashes = self.block_manager.block_hashes(request.prompt_ids,
+                                                                          n_full)
+        return request.prompt_block_hashes
+
+    def _inflight_prompt_blocks(self) -> set[bytes]:
+        """Hashes of full prompt blocks that running requests have yet to compute."""
+        if not self.block_manager.enable_prefix_caching:
+            return set()
+        inflight: set[bytes] = set()
+        for r in self.running:
+            if r.num_computed_tokens < r.num_prompt_tokens:
+                inflight.update(self._prompt_hashes(r)[r.num_hashed_blocks:])
+        return inflight
+
+    def _next_block_inflight(self, request: Request, num_hits: int, inflight: set[bytes]) -> bool:
+        if not inflight:
+            return False
+        hashes = self._prompt_hashes(request)
+        return num_hits < len(hashes) and hashes[num_hits] in inflight
 
     def _preempt(self, request: Request) -> None:
         """Free a running request and put it at the head of the queue for recompute."""

@@ -126,3 +126,20 @@ def test_stop_at_eos_and_context_limit():
     # 97 -> 98 -> 99 -> 0 (EOS)
     assert [o.token_ids[0] for o in outs] == [98, 99, 0]
     assert outs[-1].finish_reason == "stop"
+
+
+def test_waits_for_inflight_shared_prefix_instead_of_recomputing_it():
+    runner, eng = make(block_size=4, budget=12)
+    system = list(range(1, 17))  # 4 blocks shared by both prompts
+    eng.add_request("a", system + [50, 51], greedy(1))
+    eng.add_request("b", system + [60, 61], greedy(1))
+    eng.step()
+    # a takes the whole budget for 12 of its 18 tokens; b waits
+    assert planned(runner) == [(0, 0, 12, [])]
+    eng.step()
+    # a's 4th block is still being computed in this step: b is not admitted yet
+    assert planned(runner) == [(0, 12, 6, [5])]
+    eng.step()
+    # a finished and freed slot 0; b hits all 4 system blocks, computes only its 2 tokens
+    assert planned(runner) == [(0, 16, 2, [1])]
+    assert ("share", 0, [0, 1, 2, 3]) in runner.calls
