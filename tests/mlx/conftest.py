@@ -1,4 +1,5 @@
-"""Fixtures for the MLX backend tests: the embedded GGUF, an MLX runner, a llama.cpp reference.
+"""Fixtures for the MLX backend tests: the embedded GGUF, an MLX runner, a llama.cpp reference
+and an exact f32 numpy reference.
 
 MLX's CPU path is slow (about 100x numpy for matmuls), so tests use prompts of at most 32
 tokens and a few decode steps; the runner and reference are loaded once per session.
@@ -46,9 +47,16 @@ def mlx_runner(gguf_path):
     pytest.importorskip("mlx.core")
     from backends.mlx.runner import MLXRunner
 
-    runner = MLXRunner(gguf_path, max_seqs=4, num_blocks=32, block_size=16)
+    runner = MLXRunner(gguf_path, max_seqs=8, num_blocks=32, block_size=16)
     yield runner
     runner.close()
+
+
+@pytest.fixture(scope="session")
+def numpy_ref(gguf_path):
+    from tests.mlx.numpy_ref import NumpyLlama
+
+    return NumpyLlama(gguf_path)
 
 
 @pytest.fixture(scope="session")

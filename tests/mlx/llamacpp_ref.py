@@ -10,17 +10,31 @@ import ctypes
 
 import numpy as np
 
+_QUIET = None  # the ctypes log callback; llama.cpp keeps one process-wide pointer to it
+
+
+def _quiet_llama_log(lc) -> None:
+    """Silence llama.cpp's per-tensor load log. The callback lives at module level: one held
+    by an instance would be freed with it while llama.cpp still calls it (a segfault)."""
+    global _QUIET
+    if _QUIET is None:
+        _QUIET = lc.llama_log_callback(lambda level, text, data: None)
+        lc.llama_log_set(_QUIET, ctypes.c_void_p())
+
 
 class LlamaCppRef:
-    """One llama.cpp model + single-sequence context (seq 0)."""
+    """One llama.cpp model + single-sequence context (seq 0).
 
-    def __init__(self, path: str, n_ctx: int = 256):
+    flash_attn: None leaves llama.cpp's default (auto: on for the CPU), as the engine's
+    llama.cpp backend runs; True/False forces it (used to measure llama.cpp against itself).
+    """
+
+    def __init__(self, path: str, n_ctx: int = 256, flash_attn: bool | None = None):
         import llama_cpp as lc
 
         self.lc = lc
         # silence llama.cpp's per-tensor load log; keep the ctypes callback alive
-        self._quiet = lc.llama_log_callback(lambda level, text, data: None)
-        lc.llama_log_set(self._quiet, ctypes.c_void_p())
+        _quiet_llama_log(lc)
         lc.llama_backend_init()
         mp = lc.llama_model_default_params()
         mp.use_extra_bufts = False
@@ -33,6 +47,9 @@ class LlamaCppRef:
         cp.n_ctx = n_ctx
         cp.n_batch = n_ctx
         cp.n_threads = cp.n_threads_batch = 2
+        if flash_attn is not None:
+            cp.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                  else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self.ctx = lc.llama_init_from_model(self.model, cp)
 
     def tokenize(self, text: str, add_special: bool = False, parse_special: bool = False):
@@ -47,15 +64,14 @@ class LlamaCppRef:
     def is_eog(self, token_id: int) -> bool:
         return bool(self.lc.llama_vocab_is_eog(self.vocab, token_id))
 
-    def logits(self, tokens: list[int]) -> np.ndarray:
-        """Next-token logits `[n_vocab]` float32 after a fresh prefill of `tokens`."""
+    def _decode(self, tokens: list[int], start: int) -> np.ndarray:
+        """Decode `tokens` at positions `start..`; logits `[n_vocab]` of the last one."""
         lc = self.lc
-        lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
         batch = lc.llama_batch_init(len(tokens), 0, 1)
         try:
             for i, t in enumerate(tokens):
                 batch.token[i] = t
-                batch.pos[i] = i
+                batch.pos[i] = start + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = i == len(tokens) - 1
@@ -70,11 +86,18 @@ class LlamaCppRef:
         finally:
             lc.llama_batch_free(batch)
 
+    def logits(self, tokens: list[int]) -> np.ndarray:
+        """Next-token logits `[n_vocab]` float32 after a fresh prefill of `tokens`."""
+        self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)
+        return self._decode(tokens, 0)
+
     def greedy(self, tokens: list[int], n: int) -> list[int]:
-        """`n` greedy tokens after `tokens` (recomputes the prefix each step; tests only)."""
-        out: list[int] = []
-        for _ in range(n):
-            out.append(int(np.argmax(self.logits(tokens + out))))
+        """`n` greedy tokens after `tokens`: one prefill, then one decode per token (as an
+        engine runs)."""
+        out = [int(np.argmax(self.logits(tokens)))]
+        while len(out) < n:
+            row = self._decode([out[-1]], len(tokens) + len(out) - 1)
+            out.append(int(np.argmax(row)))
         return out
 
     def close(self) -> None:

@@ -1,9 +1,16 @@
-"""MLX runner vs llama.cpp on the same GGUF: next-token logits and greedy continuations.
+"""MLX runner vs llama.cpp and vs an exact f32 numpy forward on the same GGUF: next-token
+logits and greedy continuations.
 
-Q4_1 weights are dequantized to f32 on the MLX side, while llama.cpp quantizes activations to
-Q8_1 for its Q4_1 dot products and keeps an f16 KV cache, so logits differ by a fraction of a
-unit (llama.cpp with an f32 instead of f16 KV cache moves by 0.9 itself on this model); the
-ranking at the top must agree and greedy runs may split only at near-ties.
+Q4_1 weights are dequantized to f32 on the MLX side (on CPU), while llama.cpp quantizes
+activations to Q8_1 for its Q4_1 dot products (Q8_0 for the Q8_0 tied output head), keeps an
+f16 KV cache and, with flash attention, accumulates V in f16. So logits differ by a fraction
+of a unit, and this 135M model has many near-ties: greedy runs split wherever two candidates
+are within that noise. llama.cpp disagrees with itself too: flash attention on vs off
+agree on 5/8 prompts for 16 tokens, an f32 instead of f16 KV cache on 4/8, a full recompute
+instead of incremental decode (flash attention off) on 6/8, against 2/8 for MLX vs llama.cpp
+(measured on CPU), while the MLX runner agrees with the exact f32 reference on 8/8. The tests therefore
+assert exact-f32 agreement, and for llama.cpp that every split is a near-tie; the agreement
+figures are printed (`pytest -s`).
 """
 
 from __future__ import annotations
@@ -15,21 +22,56 @@ pytest.importorskip("mlx.core")
 
 from backends.base import BatchItem  # noqa: E402
 
+CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 PROMPTS = [
     ("The capital of France is", False),
     ("def add(a, b):\n    return", False),
-    ("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", True),
+    (CHAT.format("What is 2+2?"), True),
+    ("Once upon a time, there was a little", False),
+    ("The three primary colors are", False),
+    (CHAT.format("Name a fruit that is yellow."), True),
+    ("import numpy as np\n\nx = np.", False),
+    ("Water boils at a temperature of", False),
 ]
 N_GREEDY = 16
+# llama.cpp's own logits move by ~0.9 between an f16 and an f32 KV cache on this model
+# (measured), so a split inside that band is numerical noise, not a conversion error.
+LLAMA_NEAR_TIE = 1.0
 
 
 def _blocks(slot: int) -> list[int]:
-    return list(range(slot * 8, slot * 8 + 8))  # 8 blocks of 16 tokens per slot
+    return list(range(slot * 4, slot * 4 + 4))  # 4 blocks of 16 tokens per slot
 
 
-def test_next_token_logits_match_llamacpp(mlx_runner, llama_ref):
-    tok = mlx_runner.tokenizer
-    prompts = [tok.encode(p, parse_special=s) for p, s in PROMPTS]
+def _split(a: list[int], b: list[int]) -> int:
+    """Index of the first differing token (len(a) if none)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+
+
+@pytest.fixture(scope="module")
+def prompts(mlx_runner) -> list[list[int]]:
+    return [mlx_runner.tokenizer.encode(p, parse_special=s) for p, s in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def mlx_greedy(mlx_runner, prompts):
+    """MLX greedy continuations of every prompt, decoded as one batch, with the logits row
+    of every step: (tokens `[prompt][N_GREEDY]`, rows `[prompt][N_GREEDY]` of `[vocab]`)."""
+    logits = mlx_runner.execute([BatchItem(s, ids, 0, _blocks(s), [len(ids) - 1])
+                                 for s, ids in enumerate(prompts)])
+    rows = [[row] for row in logits]
+    outs = [[int(np.argmax(row))] for row in logits]
+    for _ in range(N_GREEDY - 1):  # batched decode: one token per row per step
+        logits = mlx_runner.execute([
+            BatchItem(s, [out[-1]], len(ids) + len(out) - 1, _blocks(s), [0])
+            for s, (ids, out) in enumerate(zip(prompts, outs, strict=True))])
+        for out, r, row in zip(outs, rows, logits, strict=True):
+            out.append(int(np.argmax(row)))
+            r.append(row)
+    return outs, rows
+
+
+def test_next_token_logits_match_llamacpp(mlx_runner, llama_ref, prompts):
     items = [BatchItem(slot, ids, 0, _blocks(slot), [len(ids) - 1])
              for slot, ids in enumerate(prompts)]
     ours = mlx_runner.execute(items)
@@ -48,43 +90,58 @@ def test_next_token_logits_match_llamacpp(mlx_runner, llama_ref):
         assert diff < 2.0
 
 
-def test_greedy_continuations_match_llamacpp(mlx_runner, llama_ref):
-    tok = mlx_runner.tokenizer
-    prompts = [tok.encode(p, parse_special=s) for p, s in PROMPTS]
-    logits = mlx_runner.execute([BatchItem(s, ids, 0, _blocks(s), [len(ids) - 1])
-                                 for s, ids in enumerate(prompts)])
-    outs = [[int(np.argmax(row))] for row in logits]
-    for _ in range(N_GREEDY - 1):  # batched decode: one token per row per step
-        logits = mlx_runner.execute([
-            BatchItem(s, [out[-1]], len(ids) + len(out) - 1, _blocks(s), [0])
-            for s, (ids, out) in enumerate(zip(prompts, outs, strict=True))])
-        for out, row in zip(outs, logits, strict=True):
-            out.append(int(np.argmax(row)))
-    for (text, _), ids, out in zip(PROMPTS, prompts, outs, strict=True):
-        ref = llama_ref.greedy(ids, N_GREEDY)
-        same = next((i for i, (a, b) in enumerate(zip(out, ref, strict=True)) if a != b),
-                    N_GREEDY)
-        print(f"\ngreedy {text[:24]!r}: first {same}/{N_GREEDY} tokens agree; "
-              f"mlx {tok.decode(out)!r} llama.cpp {tok.decode(ref)!r}")
-        assert same >= 3
-        if same < N_GREEDY:
-            # A divergence must be a near-tie for llama.cpp itself: its own logits move by
-            # ~0.9 between an f16 and an f32 KV cache on this model (measured), so a gap
-            # inside that band is noise, not a conversion error.
-            at = llama_ref.logits(ids + out[:same])
-            gap = float(at.max() - at[out[same]])
-            print(f"  diverged at {same}: llama.cpp logit gap to MLX's token {gap:.3f}")
-            assert gap < 1.0
+def test_greedy_continuations_match_exact_f32(mlx_greedy, numpy_ref, prompts):
+    """The MLX path (GGUF loader, un-permuted Q/K, rotate-half RoPE, paged batched decode)
+    equals exact f32 arithmetic on the dequantized weights: a split is allowed only at a
+    tie within f32 rounding."""
+    outs, _ = mlx_greedy
+    ref = numpy_ref.greedy(prompts, N_GREEDY)
+    splits = [_split(a, b) for a, b in zip(outs, ref, strict=True)]
+    agree = sum(s == N_GREEDY for s in splits)
+    print(f"\ngreedy MLX vs exact f32 numpy: {agree}/{len(prompts)} prompts agree for "
+          f"{N_GREEDY} tokens; first split per prompt {splits}")
+    for ids, out, s in zip(prompts, outs, splits, strict=True):
+        if s < N_GREEDY:
+            at = numpy_ref.logits(ids + out[:s])
+            assert float(at.max() - at[out[s]]) < 1e-2
 
 
-def test_logits_match_independent_numpy_forward(mlx_runner, gguf_path):
+def test_greedy_continuations_match_llamacpp(mlx_greedy, llama_ref, gguf_path, prompts):
+    from tests.mlx.llamacpp_ref import LlamaCppRef
+
+    outs, rows = mlx_greedy
+    refs = [llama_ref.greedy(ids, N_GREEDY) for ids in prompts]
+    splits = [_split(a, b) for a, b in zip(outs, refs, strict=True)]
+    no_fa = LlamaCppRef(gguf_path, flash_attn=False)
+    try:
+        self_splits = [_split(a, no_fa.greedy(ids, N_GREEDY))
+                       for ids, a in zip(prompts, refs, strict=True)]
+    finally:
+        no_fa.close()
+    n = len(prompts)
+    print(f"\ngreedy MLX vs llama.cpp: {sum(s == N_GREEDY for s in splits)}/{n} prompts agree "
+          f"for {N_GREEDY} tokens; first split per prompt {splits}")
+    print(f"greedy llama.cpp (flash attn auto) vs llama.cpp (flash attn off): "
+          f"{sum(s == N_GREEDY for s in self_splits)}/{n} agree; splits {self_splits}")
+    for (text, _), ids, out, ref, row, s in zip(PROMPTS, prompts, outs, refs, rows, splits,
+                                                 strict=True):
+        if s == N_GREEDY:
+            continue
+        # how much each side prefers its own token at the split
+        at = llama_ref.logits(ids + out[:s])
+        llama_gap = float(at.max() - at[out[s]])
+        mlx_gap = float(row[s][out[s]] - row[s][ref[s]])
+        print(f"  {text[:24]!r}: split at {s}: logit gap llama.cpp {llama_gap:.3f}, "
+              f"MLX {mlx_gap:.3f}")
+        assert llama_gap < LLAMA_NEAR_TIE
+
+
+def test_logits_match_independent_numpy_forward(mlx_runner, numpy_ref):
     """Tight parity (same f32 arithmetic, no activation quantization): checks the GGUF
     loader's tensor mapping and Q/K un-permutation and the paged attention path."""
-    from tests.mlx.numpy_ref import llama_next_token_logits
-
     ids = mlx_runner.tokenizer.encode("Paged attention in eight tokens!")[:8]
     ours = mlx_runner.execute([BatchItem(0, ids, 0, _blocks(0), [len(ids) - 1])])[0]
-    ref = llama_next_token_logits(gguf_path, ids)
+    ref = numpy_ref.logits(ids)
     diff = float(np.abs(ours - ref).max())
     print(f"\nnumpy f32 reference: max|dlogit| {diff:.2e}")
     assert int(np.argmax(ours)) == int(np.argmax(ref))
