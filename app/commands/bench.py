@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import json
 
-from app.commands.common import add_model_args, fail, load_engine, user_errors
+from app.commands.common import add_model_args, fail, load_engine, positive_int, user_errors
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,8 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels")
     p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--max-tokens", type=int, default=128, help="output tokens, forced")
-    p.add_argument("--requests", type=int, default=16, help="requests per level")
+    p.add_argument("--max-tokens", type=positive_int, default=128, help="output tokens, forced")
+    p.add_argument("--requests", type=positive_int, default=16, help="requests per level")
     p.add_argument("--shared-prefix-tokens", type=int, default=0,
                    help="a common prefix (e.g. a system prompt) before every prompt")
     p.add_argument("--seed", type=int, default=0)

@@ -8,14 +8,33 @@ import sys
 from models.registry import DEFAULT_MODEL
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1..65535."""
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"port must be 1..65535, got {value}")
+    return value
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "-m", default=DEFAULT_MODEL,
                         help=f"registry name or path to a .gguf (default: {DEFAULT_MODEL})")
     parser.add_argument("--backend", choices=["llamacpp", "mlx"], default=None,
                         help="override automatic backend selection")
-    parser.add_argument("--ctx-size", type=int, default=8192,
+    parser.add_argument("--ctx-size", type=positive_int, default=8192,
                         help="context window per sequence, tokens (default: 8192)")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=positive_int, default=None,
                         help="llama.cpp threads (default: all available CPUs)")
 
 

@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from app.commands.common import port_number, positive_int
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -26,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model", "-m", default=None, help=f"registry name or .gguf path (default {DEFAULT_MODEL})"
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    p.add_argument("--port", type=port_number, default=8000, help="TCP port (default 8000)")
     p.add_argument(
         "--api-key",
         default=None,
@@ -47,9 +49,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="sequences allowed to wait for a batch slot; beyond that requests get 503 (default 256)",
     )
     p.add_argument(
-        "--ctx-size", type=int, default=8192, help="context window in tokens (default 8192)"
+        "--ctx-size", type=positive_int, default=8192, help="context window in tokens (default 8192)"
     )
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the backend")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="CPU threads for the backend")
     p.add_argument(
         "--cors-origin",
         nargs="+",

@@ -47,7 +47,7 @@ class SamplingFields(_Body):
     """Fields shared by chat and legacy completions."""
 
     model: str | None = None
-    temperature: Annotated[float, Field(ge=0.0)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None  # OpenAI's range
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: int | None = None  # <= 0 disables, as in llama.cpp and vLLM (-1)
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
