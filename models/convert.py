@@ -74,13 +74,17 @@ def convert_gguf_to_mlx(gguf_path: str | Path, out_dir: str | Path | None = None
     try:
         weights = dict(tree_flatten(lm.model.parameters()))
         mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
-        (tmp / "config.json").write_text(json.dumps(lm.config, indent=2))
-        (tmp / "tokenizer.json").write_text(lm.tokenizer.to_hf_json())
         specials = lm.tokenizer.specials()
+        # mlx-lm's own loader stops on config.json's eos_token_id list (EOS and EOT tokens)
+        config = {**lm.config, "eos_token_id": specials["eos_ids"]}
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        (tmp / "tokenizer.json").write_text(lm.tokenizer.to_hf_json())
         (tmp / "tandem_tokenizer.json").write_text(json.dumps(specials, indent=2))
-        (tmp / "tokenizer_config.json").write_text(json.dumps(
-            {"chat_template": specials["chat_template"],
-             "add_bos_token": specials["add_bos"]}, indent=2))
+        tokenizer_config = {"chat_template": specials["chat_template"],
+                            "add_bos_token": specials["add_bos"]}
+        if specials["eos_ids"]:
+            tokenizer_config["eos_token"] = lm.tokenizer.token_text(specials["eos_ids"][0])
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
         (tmp / "tandem_source.json").write_text(json.dumps(_source_facts(gguf_path)))
         if out.exists():
             shutil.rmtree(out)

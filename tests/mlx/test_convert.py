@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -17,6 +19,9 @@ def test_converted_dir_matches_gguf(gguf_path, mlx_runner, tmp_path):
     out = convert_gguf_to_mlx(gguf_path, tmp_path / "smol", dtype="float32")
     assert is_current(out, gguf_path)
     assert convert_gguf_to_mlx(gguf_path, out, dtype="float32") == out  # up to date: no work
+    # mlx-lm's own loader stops on these (EOS/EOT of SmolLM2: <|endoftext|>, <|im_end|>, ...)
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == [0, 2, 4]
+    assert json.loads((out / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
     runner = MLXRunner(str(out), max_seqs=1, num_blocks=2, block_size=16)
     try:
         text = "<|im_start|>user\nHi 👋<|im_end|>"
