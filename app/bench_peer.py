@@ -22,6 +22,7 @@ import time
 import httpx
 
 from app.bench_http import run_http_bench, served_model
+from models.registry import DEFAULT_MODEL
 
 SCENARIOS = [  # (name, concurrency, system prompt tokens)
     ("short_c1", 1, 0),
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from models.store import resolve_model
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--llama-server", default=None,
                    help="binary (default: build or reuse via installers/build_llama_server.sh)")
     p.add_argument("--threads", type=int, default=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+from models.registry import DEFAULT_MODEL
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

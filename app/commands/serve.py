@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 from app.commands.common import port_number, positive_int
-
-DEFAULT_MODEL = "smollm2-135m-instruct"
+from models.registry import DEFAULT_MODEL
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
