@@ -26,6 +26,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,18 +128,9 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)) * 1000.0, 2) if values else None
 
 
-async def _run(
-    url: str,
-    model: str,
-    concurrency: int,
-    requests: int,
-    prompt_tokens: int,
-    max_tokens: int,
-    system_prompt_tokens: int,
-    api_key: str | None,
-    seed: int,
-    warmup: bool,
-) -> dict[str, Any]:
+def make_conversations(requests: int, prompt_tokens: int, system_prompt_tokens: int,
+                       seed: int) -> list[list[dict[str, str]]]:
+    """The benchmark's chat requests: deterministic for a `seed`, each user prompt unique."""
     rng = random.Random(seed)
     system = (
         make_text(system_prompt_tokens, random.Random(seed + 1)) if system_prompt_tokens else ""
@@ -148,37 +140,32 @@ async def _run(
         user = f"Request {i} ({rng.randrange(10**9)}): " + make_text(max(prompt_tokens - 6, 1), rng)
         msgs = [{"role": "system", "content": system}] if system else []
         conversations.append([*msgs, {"role": "user", "content": user}])
-    limits = httpx.Limits(
-        max_connections=concurrency + 1, max_keepalive_connections=concurrency + 1
-    )
-    timeout = httpx.Timeout(3600.0, connect=30.0)
-    async with httpx.AsyncClient(
-        base_url=base_url(url), headers=_headers(api_key), limits=limits, timeout=timeout
-    ) as http:
-        if warmup:
-            await _one(http, model, [{"role": "user", "content": "Hello"}], 4)
-        pending = list(reversed(conversations))
-        results: list[_Result] = []
+    return conversations
 
-        async def worker() -> None:
-            while pending:
-                msgs = pending.pop()
-                results.append(await _one(http, model, msgs, max_tokens))
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
-        wall = time.perf_counter() - t0
+async def drive(one: Callable[[list[dict[str, str]]], Awaitable[_Result]],
+                conversations: list[list[dict[str, str]]], concurrency: int,
+                inputs: dict[str, Any]) -> dict[str, Any]:
+    """Run `one(messages)` over the conversations, `concurrency` at a time, and summarize:
+    `inputs` plus throughput, TTFT/TPOT percentiles, cached and prompt token counts."""
+    pending = list(reversed(conversations))
+    results: list[_Result] = []
+
+    async def worker() -> None:
+        while pending:
+            msgs = pending.pop()
+            results.append(await one(msgs))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(conversations)))))
+    wall = time.perf_counter() - t0
     total = sum(r.completion_tokens for r in results)
     prompts = [r.prompt_tokens for r in results if r.prompt_tokens is not None]
     cached = [r.cached_tokens for r in results if r.cached_tokens is not None]
     return {
-        "url": base_url(url),
-        "model": model,
+        **inputs,
         "concurrency": concurrency,
-        "requests": requests,
-        "prompt_tokens": prompt_tokens,
-        "system_prompt_tokens": system_prompt_tokens,
-        "max_tokens": max_tokens,
+        "requests": len(conversations),
         "throughput_tok_s": round(total / wall, 2) if wall > 0 else None,
         "ttft_ms": {
             "p50": _pct([r.ttft for r in results], 50),
@@ -193,6 +180,73 @@ async def _run(
         "completion_tokens": total,
         "wall_s": round(wall, 3),
     }
+
+
+async def _run(
+    url: str,
+    model: str,
+    concurrency: int,
+    requests: int,
+    prompt_tokens: int,
+    max_tokens: int,
+    system_prompt_tokens: int,
+    api_key: str | None,
+    seed: int,
+    warmup: bool,
+) -> dict[str, Any]:
+    conversations = make_conversations(requests, prompt_tokens, system_prompt_tokens, seed)
+    limits = httpx.Limits(
+        max_connections=concurrency + 1, max_keepalive_connections=concurrency + 1
+    )
+    timeout = httpx.Timeout(3600.0, connect=30.0)
+    async with httpx.AsyncClient(
+        base_url=base_url(url), headers=_headers(api_key), limits=limits, timeout=timeout
+    ) as http:
+        if warmup:
+            await _one(http, model, [{"role": "user", "content": "Hello"}], 4)
+        inputs = {"url": base_url(url), "model": model, "prompt_tokens": prompt_tokens,
+                  "system_prompt_tokens": system_prompt_tokens, "max_tokens": max_tokens}
+        return await drive(lambda msgs: _one(http, model, msgs, max_tokens), conversations,
+                           concurrency, inputs)
+
+
+async def _one_in_process(engine, messages: list[dict[str, str]], max_tokens: int) -> _Result:
+    from app.engine.types import SamplingParams
+
+    ids = engine.apply_chat_template(messages)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    first = last = None
+    n = 0
+    cached = 0
+    async for out in engine.generate(ids, params):
+        if out.token_ids:
+            last = time.perf_counter()
+            first = first or last
+            n += len(out.token_ids)
+        if out.metrics is not None:
+            cached = out.metrics.cached_tokens
+    if first is None:
+        raise RuntimeError("the engine generated no tokens")
+    return _Result(ttft=first - start, tpot=(last - first) / (n - 1) if n > 1 else None,
+                   completion_tokens=n, prompt_tokens=len(ids), cached_tokens=cached)
+
+
+def run_in_process_bench(engine, concurrency: int, requests: int, prompt_tokens: int,
+                         max_tokens: int, system_prompt_tokens: int = 0, *,
+                         seed: int = 0) -> dict[str, Any]:
+    """The same load as `run_http_bench`, on an `AsyncEngine` in this process (chat template
+    applied, greedy, `max_tokens` each): what HTTP and SSE cost is the difference."""
+    async def run() -> dict[str, Any]:
+        await _one_in_process(engine, [{"role": "user", "content": "Hello"}], 4)  # warm-up
+        conversations = make_conversations(requests, prompt_tokens, system_prompt_tokens, seed)
+        inputs = {"url": "in-process", "model": engine.model_name,
+                  "prompt_tokens": prompt_tokens,
+                  "system_prompt_tokens": system_prompt_tokens, "max_tokens": max_tokens}
+        return await drive(lambda msgs: _one_in_process(engine, msgs, max_tokens),
+                           conversations, concurrency, inputs)
+
+    return asyncio.run(run())
 
 
 def run_http_bench(

@@ -1,9 +1,11 @@
 """Side-by-side benchmark: `tandem serve` against llama-server, same model, threads, clients.
 
 Each server is started alone on a free loopback port, driven by the same streaming clients
-(`app.bench_http`), then stopped, so the two never compete for the cores. Scenarios: short
-prompts at concurrency 1 and 16, and 16 users sharing one long system prompt. Prints one JSON
-object per scenario with both results and tandem/llama-server ratios.
+(`app.bench_http`), then stopped, so the two never compete for the cores. Last, the same load
+runs on tandem's engine in this process (no HTTP) to show what the server layer costs.
+Scenarios: short prompts at concurrency 1 and 16, and 16 users sharing one long system prompt.
+Prints one JSON object per scenario with the three results and the ratios
+tandem/llama-server and tandem HTTP/in-process.
 
 usage: python -m app.bench_peer [--model NAME] [--llama-server PATH] [--threads 2]
 """
@@ -21,7 +23,7 @@ import time
 
 import httpx
 
-from app.bench_http import run_http_bench, served_model
+from app.bench_http import run_http_bench, run_in_process_bench, served_model
 from models.registry import DEFAULT_MODEL
 
 SCENARIOS = [  # (name, concurrency, system prompt tokens)
@@ -71,6 +73,19 @@ def measure(url: str, model: str, args) -> dict[str, dict]:
     return out
 
 
+def measure_in_process(path: str, args) -> dict[str, dict]:
+    from app.engine import AsyncEngine
+
+    engine = AsyncEngine.from_model(path, n_ctx=2048, max_seqs=16, threads=args.threads)
+    try:
+        return {name: run_in_process_bench(engine, concurrency, args.requests,
+                                           args.prompt_tokens, args.max_tokens, system,
+                                           seed=args.seed)
+                for name, concurrency, system in SCENARIOS}
+    finally:
+        engine.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
     from models.store import resolve_model
 
@@ -91,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
 
     port = free_port()
+    # 16 sequences of 2048 tokens on both sides (llama-server: -np 16 -c 32768)
     tandem_cmd = [sys.executable, "-m", "app.cli", "serve", "--model", path, "--port", str(port),
                   "--threads", str(args.threads), "--max-concurrency", "16", "--ctx-size", "2048"]
     with running(tandem_cmd, port) as url:
@@ -102,15 +118,18 @@ def main(argv: list[str] | None = None) -> int:
                 "-c", str(16 * 2048)]
     with running(peer_cmd, port) as url:
         theirs = measure(url, served_model(url), args)
+    local = measure_in_process(path, args)  # last: llama.cpp stays loaded in this process
 
     for name, _, _ in SCENARIOS:
-        a, b = ours[name], theirs[name]
+        a, b, c = ours[name], theirs[name], local[name]
         print(json.dumps({
             "scenario": name,
             "tandem": a,
             "llama_server": b,
+            "tandem_in_process": c,
             "throughput_ratio": round(a["throughput_tok_s"] / b["throughput_tok_s"], 3),
             "ttft_p50_ratio": round(a["ttft_ms"]["p50"] / b["ttft_ms"]["p50"], 3),
+            "http_vs_in_process": round(a["throughput_tok_s"] / c["throughput_tok_s"], 3),
         }), flush=True)
     return 0
 

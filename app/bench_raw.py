@@ -1,8 +1,10 @@
 """The raw llama.cpp ceiling on this machine, for `tandem bench --baseline raw`.
 
-Decode tokens/s at batch size B: B sequences, one token each per `llama_decode` call, unified
-KV cache, no sampling and no Python beyond filling the batch. Same method as
-shared/tools/llama_raw_bench.py; an engine cannot beat it on the same model and threads.
+Decode tokens/s at batch size B: B sequences, one token each per `llama_decode` call, no
+sampling and no Python beyond filling the batch; the better of a unified KV cache and one KV
+stream per sequence (the engine can run either). Same method as
+shared/tools/llama_raw_bench.py (which measures unified only); an engine cannot beat it on the
+same model and threads.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from backends.llamacpp.runner import _init_backend, default_threads
 
 def raw_decode_tok_s(model_path: str, batch_sizes: list[int], threads: int | None = None,
                      steps: int = 32, context_tokens: int = 64) -> dict[int, float]:
-    """Decode tokens/s for each batch size: median of 3 timed runs of `steps` steps."""
+    """Decode tokens/s for each batch size: median of 3 timed runs of `steps` steps, in the
+    faster of the two KV layouts."""
     _init_backend(verbose=False)
     mp = L.llama_model_default_params()
     mp.use_extra_bufts = False  # AMX repacking crashes on CPUs whose kernel refuses AMX tiles
@@ -29,29 +32,36 @@ def raw_decode_tok_s(model_path: str, batch_sizes: list[int], threads: int | Non
     result = {}
     try:
         for b in batch_sizes:
-            cp = L.llama_context_default_params()
-            cp.n_ctx, cp.n_batch, cp.n_ubatch = 8192, 2048, 512
-            cp.n_seq_max, cp.kv_unified = b, True
-            cp.n_threads = cp.n_threads_batch = threads
-            ctx = L.llama_init_from_model(model, cp)
-            try:
-                for s in range(b):
-                    _decode(ctx, [(tokens[p], p, s, p == context_tokens - 1)
-                                  for p in range(context_tokens)])
-                rates = []
-                for rep in range(3):  # median of 3: single runs are noisy on shared cores
-                    first = context_tokens + rep * steps
-                    start = time.perf_counter()
-                    for k in range(steps):
-                        _decode(ctx, [(tokens[(k + s) % len(tokens)], first + k, s, True)
-                                      for s in range(b)])
-                    rates.append(b * steps / (time.perf_counter() - start))
-                result[b] = round(sorted(rates)[1], 1)
-            finally:
-                L.llama_free(ctx)
+            result[b] = 0.0
+            for unified in (True, False):
+                cp = L.llama_context_default_params()
+                cp.n_ctx = 8192 if unified else b * 512  # split: 512 cells per stream
+                cp.n_batch, cp.n_ubatch = 2048, 512
+                cp.n_seq_max, cp.kv_unified = b, unified
+                cp.n_threads = cp.n_threads_batch = threads
+                ctx = L.llama_init_from_model(model, cp)
+                try:
+                    rate = _median_decode_rate(ctx, b, tokens, context_tokens, steps)
+                finally:
+                    L.llama_free(ctx)
+                result[b] = max(result[b], rate)
     finally:
         L.llama_model_free(model)
     return result
+
+
+def _median_decode_rate(ctx, b: int, tokens: list[int], context_tokens: int,
+                        steps: int) -> float:
+    for s in range(b):
+        _decode(ctx, [(tokens[p], p, s, p == context_tokens - 1) for p in range(context_tokens)])
+    rates = []
+    for rep in range(3):  # median of 3: single runs are noisy on shared cores
+        first = context_tokens + rep * steps
+        start = time.perf_counter()
+        for k in range(steps):
+            _decode(ctx, [(tokens[(k + s) % len(tokens)], first + k, s, True) for s in range(b)])
+        rates.append(b * steps / (time.perf_counter() - start))
+    return round(sorted(rates)[1], 1)
 
 
 def _decode(ctx, items) -> None:
@@ -65,8 +75,6 @@ def _decode(ctx, items) -> None:
             raise RuntimeError("llama_decode failed")
     finally:
         L.llama_batch_free(batch)
-
-
 
 
 def raw_decode_tok_s_subprocess(model_path: str, batch_sizes: list[int],

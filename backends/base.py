@@ -80,6 +80,7 @@ class Runner(Protocol):
     max_seqs: int  # slots available
     num_blocks: int  # KV capacity in blocks
     block_size: int  # tokens per block
+    max_seq_tokens: int  # most KV tokens one slot can hold
 
     def execute(self, items: list[BatchItem]) -> np.ndarray:
         """Compute one step; returns float32 logits `[sum(len(i.logits_indices)), n_vocab]`,
@@ -87,9 +88,11 @@ class Runner(Protocol):
         Raises RuntimeError if the backend fails."""
         ...
 
-    def share_blocks(self, slot: int, block_ids: list[int]) -> None:
-        """Make cached blocks (already computed, possibly by other slots) the first
-        `len(block_ids)` blocks of `slot`, whose KV must be empty. No compute."""
+    def share_blocks(self, slot: int, block_ids: list[int]) -> int:
+        """Make cached blocks (already computed, possibly by other slots) the first blocks
+        of `slot`, whose KV must be empty. No compute. Returns how many leading blocks of
+        `block_ids` are now the slot's (fewer when no single source holds them all; the
+        engine computes the rest)."""
         ...
 
     def release(self, slot: int, n_keep_blocks: int) -> None:

@@ -21,13 +21,17 @@ def load_runner(
     *,
     backend: str | None = None,
     max_seqs: int = 64,
-    kv_tokens: int = 16384,
+    kv_tokens: int | None = None,
+    seq_tokens: int = 4096,
+    kv_layout: str = "auto",
     block_size: int = 16,
     max_batch_tokens: int = 512,
     n_threads: int | None = None,
     flash_attn: str = "auto",
 ) -> tuple[Runner, str]:
-    """Returns (runner, backend name). Raises FileNotFoundError / ValueError (bad model)."""
+    """Returns (runner, backend name). `seq_tokens` and `kv_layout` are llama.cpp's (see
+    LlamaCppRunner); MLX has one paged pool of `kv_tokens`. Raises FileNotFoundError /
+    ValueError (bad model)."""
     name = _choose(backend)
     if name == "mlx":
         from backends.mlx.runner import load_mlx_runner
@@ -36,13 +40,15 @@ def load_runner(
         converted = converted_dir(path)  # `tandem models convert --to mlx` output, if current
         if str(path).endswith(".gguf") and is_current(converted, path):
             path = converted
+        kv_tokens = kv_tokens or max(2 * seq_tokens, 16384)
         runner = load_mlx_runner(str(path), max_seqs=max_seqs,
                                  num_blocks=kv_tokens // block_size, block_size=block_size)
         return runner, name
     from backends.llamacpp.runner import LlamaCppRunner
 
     runner = LlamaCppRunner(
-        path, max_seqs=max_seqs, kv_tokens=kv_tokens, block_size=block_size,
+        path, max_seqs=max_seqs, kv_tokens=kv_tokens, seq_tokens=seq_tokens,
+        kv_layout=kv_layout, block_size=block_size,
         max_batch_tokens=max_batch_tokens, n_threads=n_threads, flash_attn=flash_attn,
     )
     return runner, name

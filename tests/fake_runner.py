@@ -34,6 +34,8 @@ class FakeRunner:
         self.tokenizer = FakeTokenizer()
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.max_seq_tokens = num_blocks * block_size
+        self.share_limit: int | None = None  # share at most this many blocks (split layout)
         self.max_seqs = max_seqs
         self.steps: list[list[BatchItem]] = []
         self.calls: list[tuple] = []
@@ -52,6 +54,8 @@ class FakeRunner:
 
     def share_blocks(self, slot, block_ids):
         self.calls.append(("share", slot, list(block_ids)))
+        return len(block_ids) if self.share_limit is None else min(self.share_limit,
+                                                                    len(block_ids))
 
     def release(self, slot, n_keep_blocks):
         self.calls.append(("release", slot, n_keep_blocks))

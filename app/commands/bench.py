@@ -77,6 +77,7 @@ async def _local(args: argparse.Namespace, levels: list[int]) -> list[dict]:
     try:
         async for result in run_bench(engine, levels, args.requests, args.prompt_tokens,
                                       args.max_tokens, args.shared_prefix_tokens, args.seed):
+            result["kv_layout"] = getattr(engine.engine.runner, "kv_layout", None)
             if raw is not None:
                 c = result["concurrency"]
                 result["raw_decode_tok_s"] = raw[c]

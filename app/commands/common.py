@@ -36,6 +36,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="context window per sequence, tokens (default: 8192)")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="llama.cpp threads (default: all available CPUs)")
+    add_kv_layout_arg(parser)
+
+
+def add_kv_layout_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kv-layout", choices=["auto", "split", "unified"], default="auto",
+                        help="llama.cpp KV cache: a stream per sequence (split: faster decode, "
+                             "concurrency x ctx-size cells allocated up front) or one shared "
+                             "pool (unified); auto picks split when that fits 2 GiB")
 
 
 def load_engine(args: argparse.Namespace, max_seqs: int = 32, **kwargs):
@@ -44,7 +52,7 @@ def load_engine(args: argparse.Namespace, max_seqs: int = 32, **kwargs):
 
     return AsyncEngine.from_model(
         args.model, n_ctx=args.ctx_size, max_seqs=max_seqs, threads=args.threads,
-        backend=args.backend, **kwargs,
+        backend=args.backend, kv_layout=args.kv_layout, **kwargs,
     )
 
 

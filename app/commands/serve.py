@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from app.commands.common import port_number, positive_int
+from app.commands.common import add_kv_layout_arg, port_number, positive_int
 from models.registry import DEFAULT_MODEL
 
 
@@ -52,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads for the backend")
+    add_kv_layout_arg(p)
     p.add_argument(
         "--cors-origin",
         nargs="+",
@@ -88,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
     spec = args.model or os.environ.get("TANDEM_MODEL") or DEFAULT_MODEL
     api_key = args.api_key if args.api_key is not None else os.environ.get("TANDEM_API_KEY")
-    engine_kwargs: dict[str, object] = {"n_ctx": args.ctx_size, "threads": args.threads}
+    engine_kwargs: dict[str, object] = {"n_ctx": args.ctx_size, "threads": args.threads,
+                                        "kv_layout": args.kv_layout}
     if args.max_concurrency is not None:
         if args.max_concurrency < 1:
             print("tandem serve: --max-concurrency must be at least 1", file=sys.stderr)
@@ -120,9 +122,11 @@ def run(args: argparse.Namespace) -> int:
         )
         server = uvicorn.Server(config)
         shown = f"[{args.host}]" if ":" in args.host else args.host
+        layout = getattr(engine.engine.runner, "kv_layout", None)
         print(
             f"tandem: serving {engine.model_name} ({engine.backend_name}, context "
-            f"{engine.context_length}) at http://{shown}:{args.port}/v1"
+            f"{engine.context_length}" + (f", {layout} KV" if layout else "")
+            + f") at http://{shown}:{args.port}/v1"
             + (" (API key required)" if api_key else ""),
             flush=True,
         )

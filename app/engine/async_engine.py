@@ -98,6 +98,7 @@ class AsyncEngine:
         n_ctx: int = 8192,
         max_seqs: int = 32,
         kv_tokens: int | None = None,
+        kv_layout: str = "auto",
         max_batch_tokens: int = 512,
         threads: int | None = None,
         max_waiting: int = 256,
@@ -110,7 +111,11 @@ class AsyncEngine:
         Args:
             n_ctx: context window per sequence, tokens (capped by the model's).
             max_seqs: requests decoded together.
-            kv_tokens: KV capacity shared by all sequences (default: max(2*n_ctx, 16384)).
+            kv_tokens: KV tokens the block pool accounts for (default: unified and MLX
+                max(2*n_ctx, 16384) shared by all sequences; split max_seqs*n_ctx).
+            kv_layout: llama.cpp: "split" (a KV stream of n_ctx tokens per sequence, like
+                llama-server -np), "unified", or "auto" (split when it fits 2 GiB); see
+                backends/llamacpp/runner.py.
         Raises:
             FileNotFoundError / models.store.ModelNotFoundError: no such model.
             ValueError: the backend cannot load it.
@@ -122,8 +127,10 @@ class AsyncEngine:
         runner, backend_name = load_runner(
             path,
             backend=backend,
-            max_seqs=min(256, max(2 * max_seqs, 16)),  # spare slots park cached prefixes
-            kv_tokens=kv_tokens or max(2 * n_ctx, 16384),
+            max_seqs=max_seqs,
+            kv_tokens=kv_tokens,
+            seq_tokens=n_ctx,
+            kv_layout=kv_layout,
             max_batch_tokens=max_batch_tokens,
             n_threads=threads,
             flash_attn=flash_attn,

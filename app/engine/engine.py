@@ -48,8 +48,8 @@ class LLMEngine:
         self.runner = runner
         self.config = config or EngineConfig()
         sched_cfg = self.config.scheduler or SchedulerConfig()
-        capacity = runner.num_blocks * runner.block_size
-        self.context_length = min(self.config.context_length, runner.info.n_ctx_train, capacity)
+        self.context_length = min(self.config.context_length, runner.info.n_ctx_train,
+                                  runner.max_seq_tokens)
         self.block_manager = BlockManager(
             runner.num_blocks,
             runner.block_size,

@@ -56,7 +56,8 @@ class Scheduler:
     config: limits.
     block_manager: KV accounting.
     slots: the runner's sequence slots.
-    share_blocks: runner hook, `(slot, block_ids)`: make cached blocks the slot's prefix.
+    share_blocks: runner hook, `(slot, block_ids) -> n`: make cached blocks the slot's
+        prefix; returns how many leading ones it could (the rest are recomputed).
     release_slot: runner hook, `(slot, n_keep_blocks)`: drop a sequence; its first
         `n_keep_blocks` blocks are cached and must stay restorable.
     """
@@ -66,7 +67,7 @@ class Scheduler:
         config: SchedulerConfig,
         block_manager: BlockManager,
         slots: SlotPool,
-        share_blocks: Callable[[int, list[int]], None],
+        share_blocks: Callable[[int, list[int]], int],
         release_slot: Callable[[int, int], None],
     ):
         self.config = config
@@ -137,7 +138,11 @@ class Scheduler:
             self.waiting.popleft()
             request.slot = slot
             if cached:
-                self._share_blocks(slot, cached)
+                n_shared = self._share_blocks(slot, cached)
+                if n_shared < len(cached):
+                    # recompute the rest into the same (already allocated) blocks
+                    num_cached = n_shared * self.block_manager.block_size
+                    num_new = min(request.num_tokens - num_cached, budget)
             request.num_computed_tokens = num_cached
             if request.num_preemptions == 0:
                 request.metrics.cached_tokens = num_cached

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import heapq
+
 
 class SlotPool:
-    """Hands out the runner's `num_slots` sequence slots (`Runner.max_seqs`)."""
+    """Hands out the runner's `num_slots` sequence slots (`Runner.max_seqs`), lowest free
+    slot first: with one KV stream per slot, llama.cpp batches consecutive slot ids in one
+    micro-batch, so keeping busy slots packed at the bottom keeps steps in one piece."""
 
     def __init__(self, num_slots: int):
-        self.free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() gives slot 0 first
+        self.free: list[int] = list(range(num_slots))  # a heap
 
     @property
     def num_available(self) -> int:
         return len(self.free)
 
     def acquire(self) -> int | None:
-        """A free slot, or None if all are busy."""
-        return self.free.pop() if self.free else None
+        """The lowest free slot, or None if all are busy."""
+        return heapq.heappop(self.free) if self.free else None
 
     def release(self, slot: int) -> None:
-        self.free.append(slot)
+        heapq.heappush(self.free, slot)

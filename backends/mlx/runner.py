@@ -61,6 +61,7 @@ class MLXRunner:
             raise ValueError("max_seqs, num_blocks and block_size must be positive")
         self.max_seqs = max_seqs
         self.num_blocks = num_blocks
+        self.max_seq_tokens = num_blocks * block_size
         self.block_size = block_size
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-mlx")
         try:
@@ -224,8 +225,9 @@ class MLXRunner:
 
     # -- sequence ops: the pool is addressed by the engine's block tables -----------------------
 
-    def share_blocks(self, slot: int, block_ids: list[int]) -> None:
-        """No-op: the shared blocks arrive in the slot's next block table."""
+    def share_blocks(self, slot: int, block_ids: list[int]) -> int:
+        """No copy: the shared blocks arrive in the slot's next block table."""
+        return len(block_ids)
 
     def release(self, slot: int, n_keep_blocks: int) -> None:
         """No-op: blocks stay in the pool until the engine reuses them."""

@@ -117,3 +117,16 @@ async def test_seeded_sampling_is_reproducible(engine):
     first = (await collect(engine, prompt, params))[0]
     others = await asyncio.gather(*(collect(engine, prompt, params) for _ in range(3)))
     assert all(o[0] == first for o in others)
+
+
+def test_in_process_bench_runs_the_http_bench_load(engine):
+    from app.bench_http import make_conversations, run_in_process_bench
+
+    r = run_in_process_bench(engine, concurrency=2, requests=3, prompt_tokens=8, max_tokens=5,
+                             system_prompt_tokens=40)
+    assert (r["url"], r["concurrency"], r["requests"]) == ("in-process", 2, 3)
+    assert r["completion_tokens"] == 15  # ignore_eos forces the length
+    lengths = [len(engine.apply_chat_template(m)) for m in make_conversations(3, 8, 40, 0)]
+    assert r["prompt_tokens_mean"] == round(sum(lengths) / 3, 1)
+    assert r["prefix_cached_tokens"] >= 2 * 32  # later requests hit the system prompt
+    assert 0 < r["ttft_ms"]["p50"] <= r["ttft_ms"]["p99"]

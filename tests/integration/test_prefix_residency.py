@@ -10,6 +10,7 @@ top); wrong KV gives garbage far outside that.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from app.engine.engine import EngineConfig, LLMEngine
@@ -61,19 +62,21 @@ def workload(embedded_model_path):
     return prompts
 
 
-def make_engine(path: str, prefix_caching: bool) -> LLMEngine:
+def make_engine(path: str, prefix_caching: bool, kv_layout: str = "unified") -> LLMEngine:
     # 24 blocks of 16 tokens and 4 slots: too small to keep everything, so blocks are
     # evicted, slots are reused and running requests get preempted
-    runner = LlamaCppRunner(path, max_seqs=4, kv_tokens=24 * 16, max_batch_tokens=128,
-                            n_threads=2)
+    runner = LlamaCppRunner(path, max_seqs=4, kv_tokens=24 * 16, seq_tokens=256,
+                            kv_layout=kv_layout, max_batch_tokens=128, n_threads=2)
+    assert runner.kv_layout == kv_layout
     config = EngineConfig(context_length=256, enable_prefix_caching=prefix_caching,
                           scheduler=SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=128))
     return LLMEngine(runner, config)
 
 
+@pytest.mark.parametrize("kv_layout", ["unified", "split"])
 def test_prefix_cache_under_pressure_decodes_what_the_model_predicts(embedded_model_path,
-                                                                     workload):
-    cached_engine = make_engine(embedded_model_path, prefix_caching=True)
+                                                                     workload, kv_layout):
+    cached_engine = make_engine(embedded_model_path, prefix_caching=True, kv_layout=kv_layout)
     cached = run_all(cached_engine, workload)
     assert cached_engine.block_manager.hit_tokens_total >= 200
     assert cached_engine.block_manager.num_used_blocks == 0
@@ -104,7 +107,8 @@ def test_prefix_cache_under_pressure_decodes_what_the_model_predicts(embedded_mo
 def test_runner_bookkeeping_after_release_and_evict(embedded_model_path):
     from backends.base import BatchItem
 
-    runner = LlamaCppRunner(embedded_model_path, max_seqs=2, kv_tokens=8 * 16, n_threads=2)
+    runner = LlamaCppRunner(embedded_model_path, max_seqs=2, kv_tokens=8 * 16,
+                            kv_layout="unified", n_threads=2)
     tokens = list(range(1000, 1040))  # 40 tokens: blocks 5, 6 full, block 7 partial
     runner.execute([BatchItem(0, tokens, 0, [5, 6, 7], [39])])
     assert runner._holders == {5: {0}, 6: {0}, 7: {0}}
@@ -119,4 +123,41 @@ def test_runner_bookkeeping_after_release_and_evict(embedded_model_path):
     assert runner._saved[0][1] == [5, None]
     runner.evict([5])
     assert runner._saved == {} and runner._holders == {}
+    runner.close()
+
+
+def test_split_layout_copies_prefixes_between_streams(embedded_model_path):
+    """One KV stream per slot: a prefix is copied from a running stream or restored from
+    host memory, and decoding after it gives the logits of computing it in place."""
+    from backends.base import BatchItem
+
+    runner = LlamaCppRunner(embedded_model_path, max_seqs=3, seq_tokens=256, kv_layout="split",
+                            n_threads=2)
+    assert (runner.num_blocks, runner.max_seq_tokens) == (3 * 256 // 16, 256)
+    tokens = list(range(1000, 1040))  # blocks 5, 6 full, block 7 partial
+    runner.execute([BatchItem(0, tokens[:32], 0, [5, 6], [])])
+    in_place = runner.execute([BatchItem(0, tokens[32:], 32, [5, 6, 7], [6, 7])]).copy()
+
+    assert runner.share_blocks(1, [5, 6]) == 2  # copied from running slot 0's stream
+    assert runner._holders == {5: {0, 1}, 6: {0, 1}, 7: {0}}
+    copied = runner.execute([BatchItem(1, tokens[32:], 32, [5, 6, 8], [6, 7])])
+    assert copied.tobytes() == in_place.tobytes()
+
+    runner.release(0, 2)  # slot 1 still holds blocks 5 and 6: nothing to save
+    assert runner._saved == {}
+    runner.release(1, 2)  # their last holder: saved to host memory
+    assert runner._saved_holders == {5: {0}, 6: {0}} and runner._holders == {}
+
+    assert runner.share_blocks(2, [5, 6]) == 2  # restored into slot 2's stream
+    assert runner.share_blocks(0, [5, 6]) == 2  # and into slot 0's
+    # slot 2 listed first: llama.cpp computes slot order, rows come back in item order
+    rows = runner.execute([BatchItem(2, tokens[32:], 32, [5, 6, 9], [7]),
+                           BatchItem(0, tokens[32:], 32, [5, 6, 10], [6])])
+    np.testing.assert_allclose(rows, in_place[::-1], atol=1e-3)
+    runner.release(2, 2)
+    runner.release(0, 2)
+
+    runner.evict([6])  # the saved prefix keeps block 5 only
+    assert runner.share_blocks(1, [5, 6]) == 1
+    assert runner._slot_blocks[1] == [5]
     runner.close()

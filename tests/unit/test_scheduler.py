@@ -98,6 +98,21 @@ def test_prefix_hit_shares_cached_blocks_with_exact_ids():
     assert b_out is None
 
 
+def test_partial_share_recomputes_the_rest_into_the_same_blocks():
+    runner, eng = make(block_size=4, budget=16)
+    prompt = list(range(1, 11))
+    eng.add_request("a", prompt, greedy(1))
+    alone = run_all(eng)["a"]
+    runner.share_limit = 1  # the runner finds only block 0 in one place (split layout)
+    eng.add_request("b", prompt, greedy(1))
+    out = run_all(eng)
+    assert runner.calls[1] == ("share", 0, [0, 1])
+    assert planned(runner) == [(0, 4, 6, [5])]  # block 1 recomputed, then the tail
+    assert runner.steps[-1][0].block_table[:2] == [0, 1]
+    assert out["b"] == alone
+    assert eng.requests == {} and eng.block_manager.num_used_blocks == 0
+
+
 def test_abort_frees_blocks():
     runner, eng = make(budget=16)
     eng.add_request("a", list(range(1, 10)), greedy(100))
