@@ -1,13 +1,14 @@
 """Side-by-side benchmark: `tandem serve` against llama-server, same model, threads, clients.
 
 Each server is started alone on a free loopback port, driven by the same streaming clients
-(`app.bench_http`), then stopped, so the two never compete for the cores. Last, the same load
-runs on tandem's engine in this process (no HTTP) to show what the server layer costs.
+(`app.bench_http`), then stopped, so the two never compete for the cores. The same load also
+runs on tandem's engine in a process of its own (no HTTP) to show what the server layer costs.
 Scenarios: short prompts at concurrency 1 and 16, and 16 users sharing one long system prompt.
-Prints one JSON object per scenario with the three results and the ratios
-tandem/llama-server and tandem HTTP/in-process.
+Repeated in rounds (`--repeat`, alternating the order); prints one JSON object per scenario
+with each system's medians, the medians of the per-round ratios tandem/llama-server and tandem
+HTTP/in-process, and every round's figures.
 
-usage: python -m app.bench_peer [--model NAME] [--llama-server PATH] [--threads 2]
+usage: python -m app.bench_peer [--model NAME] [--llama-server PATH] [--threads 2] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -86,6 +88,34 @@ def measure_in_process(path: str, args) -> dict[str, dict]:
         engine.shutdown()
 
 
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 3)
+
+
+def summarize(runs: dict[str, list[dict[str, dict]]]) -> list[dict]:
+    """Per scenario: each system's median throughput and TTFT p50 over the repeats, and the
+    medians of the per-repeat ratios (each pair measured back to back)."""
+    lines = []
+    for name, _, _ in SCENARIOS:
+        per = {who: [r[name] for r in rs] for who, rs in runs.items()}
+        tput = {who: [r["throughput_tok_s"] for r in rs] for who, rs in per.items()}
+        ttft = {who: [r["ttft_ms"]["p50"] for r in rs] for who, rs in per.items()}
+        lines.append({
+            "scenario": name,
+            "repeats": len(tput["tandem"]),
+            "throughput_tok_s": {who: _median(v) for who, v in tput.items()},
+            "ttft_p50_ms": {who: _median(v) for who, v in ttft.items()},
+            "throughput_ratio": _median([a / b for a, b in
+                                         zip(tput["tandem"], tput["llama_server"], strict=True)]),
+            "ttft_p50_ratio": _median([a / b for a, b in
+                                       zip(ttft["tandem"], ttft["llama_server"], strict=True)]),
+            "http_vs_in_process": _median([a / b for a, b in zip(
+                tput["tandem"], tput["tandem_in_process"], strict=True)]),
+            "runs": per,
+        })
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     from models.store import resolve_model
 
@@ -98,39 +128,51 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=3,
+                   help="rounds; each measures all three, in alternating order (default 3)")
+    p.add_argument("--in-process-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     path = str(resolve_model(args.model))
+    if args.in_process_only:  # a child of the run below: a fresh process per measurement
+        print(json.dumps(measure_in_process(path, args)))
+        return 0
     binary = args.llama_server or subprocess.run(
         ["bash", os.path.join(os.path.dirname(__file__), "..", "installers",
                               "build_llama_server.sh")],
         capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
 
-    port = free_port()
-    # 16 sequences of 2048 tokens on both sides (llama-server: -np 16 -c 32768)
-    tandem_cmd = [sys.executable, "-m", "app.cli", "serve", "--model", path, "--port", str(port),
-                  "--threads", str(args.threads), "--max-concurrency", "16", "--ctx-size", "2048"]
-    with running(tandem_cmd, port) as url:
-        ours = measure(url, served_model(url), args)
-    port = free_port()
-    # -np 16 slots, each with room for the long system prompt and the reply
-    peer_cmd = [binary, "-m", path, "--port", str(port), "--host", "127.0.0.1",
-                "-t", str(args.threads), "-tb", str(args.threads), "-np", "16",
-                "-c", str(16 * 2048)]
-    with running(peer_cmd, port) as url:
-        theirs = measure(url, served_model(url), args)
-    local = measure_in_process(path, args)  # last: llama.cpp stays loaded in this process
+    def tandem() -> dict[str, dict]:
+        port = free_port()
+        # 16 sequences of 2048 tokens on both sides (llama-server: -np 16 -c 32768)
+        cmd = [sys.executable, "-m", "app.cli", "serve", "--model", path, "--port", str(port),
+               "--threads", str(args.threads), "--max-concurrency", "16", "--ctx-size", "2048"]
+        with running(cmd, port) as url:
+            return measure(url, served_model(url), args)
 
-    for name, _, _ in SCENARIOS:
-        a, b, c = ours[name], theirs[name], local[name]
-        print(json.dumps({
-            "scenario": name,
-            "tandem": a,
-            "llama_server": b,
-            "tandem_in_process": c,
-            "throughput_ratio": round(a["throughput_tok_s"] / b["throughput_tok_s"], 3),
-            "ttft_p50_ratio": round(a["ttft_ms"]["p50"] / b["ttft_ms"]["p50"], 3),
-            "http_vs_in_process": round(a["throughput_tok_s"] / c["throughput_tok_s"], 3),
-        }), flush=True)
+    def llama_server() -> dict[str, dict]:
+        port = free_port()
+        cmd = [binary, "-m", path, "--port", str(port), "--host", "127.0.0.1",
+               "-t", str(args.threads), "-tb", str(args.threads), "-np", "16",
+               "-c", str(16 * 2048)]
+        with running(cmd, port) as url:
+            return measure(url, served_model(url), args)
+
+    def in_process() -> dict[str, dict]:
+        cmd = [sys.executable, "-m", "app.bench_peer", "--in-process-only", "--model", path,
+               "--threads", str(args.threads), "--requests", str(args.requests),
+               "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens),
+               "--seed", str(args.seed)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    systems = {"tandem": tandem, "llama_server": llama_server, "tandem_in_process": in_process}
+    runs: dict[str, list[dict[str, dict]]] = {who: [] for who in systems}
+    for rep in range(args.repeat):
+        # alternate the order so slow drift on a shared machine hits both sides alike
+        for who in (list(systems) if rep % 2 == 0 else list(reversed(systems))):
+            runs[who].append(systems[who]())
+    for line in summarize(runs):
+        print(json.dumps(line), flush=True)
     return 0
 
 

@@ -13,8 +13,9 @@ sequences that see it; the engine's blocks are accounting on top. Two KV layouts
 
 Where a cached block's KV lives:
 - in running slots: sharing it adds the new slot's tag to those cells (unified:
-  `llama_memory_seq_cp`, no copy) or copies the source stream (split: whole-stream
-  `seq_cp`, then `seq_rm` past the prefix); freeing removes a tag (`llama_memory_seq_rm`);
+  `llama_memory_seq_cp`, no copy) or copies the source's cells through host memory (split:
+  `llama_state_seq_get_data` / `set_data`, then `seq_rm` past the prefix); freeing removes a
+  tag (`llama_memory_seq_rm`);
 - once no running sequence holds it, in host memory: a finished sequence's cached prefix is
   saved with `llama_state_seq_get_data` and its cells are freed. Idle KV must not stay in
   the buffer: llama.cpp attends over every cell up to the highest one in use, so parked
@@ -196,6 +197,8 @@ class LlamaCppRunner:
         self._saved: dict[int, tuple[ctypes.Array, list[int | None]]] = {}
         self._saved_holders: dict[int, set[int]] = {}
         self._next_saved = 0
+        # split layout: running slots' KV exported this step, to copy into newly admitted ones
+        self._exports: dict[int, ctypes.Array] = {}
 
     def _init_batch(self, cap: int) -> None:
         # our own arrays behind a llama_batch: filled with numpy, no per-token ctypes calls
@@ -220,6 +223,7 @@ class LlamaCppRunner:
     # -- compute ---------------------------------------------------------------------------
 
     def execute(self, items: list[BatchItem]) -> np.ndarray:
+        self._exports.clear()  # the slots' KV changes now
         order = None
         if self.kv_layout == "split" and any(a.slot > b.slot for a, b in pairwise(items)):
             # llama.cpp builds a split-layout micro-batch from consecutive, increasing
@@ -316,12 +320,17 @@ class LlamaCppRunner:
                 best, source = n, -1 - saved_id
         if source is None:
             return 0
-        if source >= 0:  # queued whole-stream copy, done before the next llama_decode
-            L.llama_memory_seq_cp(self._mem, source, slot, -1, -1)
+        if source >= 0:
+            # through host memory: llama.cpp's cross-stream seq_cp copies the whole stream
+            # buffer (seq_tokens cells), this only the cells in use; one export serves every
+            # slot admitted from the same source before it computes again
+            blob = self._exports.get(source)
+            if blob is None:
+                blob = self._exports[source] = self._export(source)
         else:
             blob = self._saved[-1 - source][0]
-            if L.llama_state_seq_set_data(self._ctx, blob, len(blob), slot) == 0:
-                raise RuntimeError("llama.cpp refused to restore a saved prefix")
+        if L.llama_state_seq_set_data(self._ctx, blob, len(blob), slot) == 0:
+            raise RuntimeError("llama.cpp refused to restore a saved prefix")
         L.llama_memory_seq_rm(self._mem, slot, best * self.block_size, -1)
         self._hold(slot, block_ids[:best])
         return best
@@ -343,12 +352,10 @@ class LlamaCppRunner:
             self._drop_holder(block_id, slot)
         del held[n_keep_blocks:]
         # save the prefix if this slot is the last place some cached block lives
+        self._exports.pop(slot, None)
         if any(b is not None and self._holders[b] == {slot} and not self._saved_holders.get(b)
                for b in held):
-            size = L.llama_state_seq_get_size(self._ctx, slot)
-            blob = (ctypes.c_uint8 * size)()
-            if L.llama_state_seq_get_data(self._ctx, blob, size, slot) != size:
-                raise RuntimeError("llama.cpp could not save a sequence's KV")
+            blob = self._export(slot)
             saved_id = self._next_saved
             self._next_saved += 1
             self._saved[saved_id] = (blob, list(held))
@@ -359,6 +366,13 @@ class LlamaCppRunner:
         for block_id in held:
             self._drop_holder(block_id, slot)
         held.clear()
+
+    def _export(self, slot: int) -> ctypes.Array:
+        size = L.llama_state_seq_get_size(self._ctx, slot)
+        blob = (ctypes.c_uint8 * size)()
+        if L.llama_state_seq_get_data(self._ctx, blob, size, slot) != size:
+            raise RuntimeError("llama.cpp could not save a sequence's KV")
+        return blob
 
     def evict(self, block_ids: list[int]) -> None:
         bs = self.block_size
@@ -381,6 +395,7 @@ class LlamaCppRunner:
         return sum(len(blob) for blob, _ in self._saved.values())
 
     def truncate(self, slot: int, n_tokens: int) -> None:
+        self._exports.pop(slot, None)
         held = self._slot_blocks[slot]
         L.llama_memory_seq_rm(self._mem, slot, n_tokens, -1)
         keep = -(-n_tokens // self.block_size)
