@@ -141,7 +141,9 @@ class Scheduler:
                 n_shared = self._share_blocks(slot, cached)
                 if n_shared < len(cached):
                     # recompute the rest into the same (already allocated) blocks
-                    num_cached = n_shared * self.block_manager.block_size
+                    bm = self.block_manager
+                    bm.hit_tokens_total -= num_cached - n_shared * bm.block_size
+                    num_cached = n_shared * bm.block_size
                     num_new = min(request.num_tokens - num_cached, budget)
             request.num_computed_tokens = num_cached
             if request.num_preemptions == 0:

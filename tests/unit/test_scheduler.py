@@ -110,6 +110,7 @@ def test_partial_share_recomputes_the_rest_into_the_same_blocks():
     assert planned(runner) == [(0, 4, 6, [5])]  # block 1 recomputed, then the tail
     assert runner.steps[-1][0].block_table[:2] == [0, 1]
     assert out["b"] == alone
+    assert eng.block_manager.hit_tokens_total == 4  # one block served from the cache
     assert eng.requests == {} and eng.block_manager.num_used_blocks == 0
 
 
