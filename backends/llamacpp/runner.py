@@ -144,8 +144,9 @@ class LlamaCppRunner:
         self.n_threads = n_threads or default_threads()
         n_ctx_train = L.llama_model_n_ctx_train(self._model)
         seq_tokens = -(-min(seq_tokens, n_ctx_train) // 256) * 256  # llama.cpp pads to 256
+        kv_bytes = _kv_bytes_per_token(self._model)
         if kv_layout == "auto":
-            fits = max_seqs * seq_tokens * _kv_bytes_per_token(self._model) <= split_kv_bytes
+            fits = max_seqs * seq_tokens * kv_bytes <= split_kv_bytes
             kv_layout = "split" if fits else "unified"
         self.kv_layout = kv_layout
 
@@ -173,7 +174,12 @@ class LlamaCppRunner:
         self._ctx = L.llama_init_from_model(self._model, cp)
         if not self._ctx:
             L.llama_model_free(self._model)
-            raise ValueError(f"llama.cpp could not create a context for {path}")
+            self._model = None  # close() must not free it again
+            gib = cp.n_ctx * kv_bytes / 2**30
+            raise ValueError(
+                f"llama.cpp could not create a context for {path} ({kv_layout} KV cache of "
+                f"{cp.n_ctx} tokens, {gib:.1f} GiB): lower the concurrency or --ctx-size"
+                + (", or use --kv-layout unified" if kv_layout == "split" else ""))
         self._mem = L.llama_get_memory(self._ctx)
 
         self.tokenizer = LlamaCppTokenizer(self._model)

@@ -161,3 +161,26 @@ def test_split_layout_copies_prefixes_between_streams(embedded_model_path):
     assert runner.share_blocks(1, [5, 6]) == 1
     assert runner._slot_blocks[1] == [5]
     runner.close()
+
+
+def test_context_too_large_for_memory_is_a_clear_error(embedded_model_path):
+    """llama.cpp cannot allocate the KV cache: a ValueError naming the size, and the process
+    survives to exit normally (the model is freed once, not again at close)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+        "from backends.llamacpp.runner import LlamaCppRunner\n"
+        "try:\n"
+        f"    LlamaCppRunner({str(embedded_model_path)!r}, max_seqs=64, seq_tokens=8192,\n"
+        "                   kv_layout='split')\n"
+        "except ValueError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "(split KV cache of 524288 tokens, 11.2 GiB): lower the concurrency or --ctx-size, " \
+           "or use --kv-layout unified" in out.stdout
