@@ -182,34 +182,6 @@ async def drive(one: Callable[[list[dict[str, str]]], Awaitable[_Result]],
     }
 
 
-async def _run(
-    url: str,
-    model: str,
-    concurrency: int,
-    requests: int,
-    prompt_tokens: int,
-    max_tokens: int,
-    system_prompt_tokens: int,
-    api_key: str | None,
-    seed: int,
-    warmup: bool,
-) -> dict[str, Any]:
-    conversations = make_conversations(requests, prompt_tokens, system_prompt_tokens, seed)
-    limits = httpx.Limits(
-        max_connections=concurrency + 1, max_keepalive_connections=concurrency + 1
-    )
-    timeout = httpx.Timeout(3600.0, connect=30.0)
-    async with httpx.AsyncClient(
-        base_url=base_url(url), headers=_headers(api_key), limits=limits, timeout=timeout
-    ) as http:
-        if warmup:
-            await _one(http, model, [{"role": "user", "content": "Hello"}], 4)
-        inputs = {"url": base_url(url), "model": model, "prompt_tokens": prompt_tokens,
-                  "system_prompt_tokens": system_prompt_tokens, "max_tokens": max_tokens}
-        return await drive(lambda msgs: _one(http, model, msgs, max_tokens), conversations,
-                           concurrency, inputs)
-
-
 async def _one_in_process(engine, messages: list[dict[str, str]], max_tokens: int) -> _Result:
     from app.engine.types import SamplingParams
 
@@ -274,20 +246,24 @@ def run_http_bench(
     """
     if concurrency < 1 or requests < 1 or max_tokens < 1:
         raise ValueError("concurrency, requests and max_tokens must be at least 1")
-    return asyncio.run(
-        _run(
-            url,
-            model,
-            concurrency,
-            requests,
-            prompt_tokens,
-            max_tokens,
-            system_prompt_tokens,
-            api_key,
-            seed,
-            warmup,
+
+    async def run() -> dict[str, Any]:
+        conversations = make_conversations(requests, prompt_tokens, system_prompt_tokens, seed)
+        limits = httpx.Limits(
+            max_connections=concurrency + 1, max_keepalive_connections=concurrency + 1
         )
-    )
+        timeout = httpx.Timeout(3600.0, connect=30.0)
+        async with httpx.AsyncClient(
+            base_url=base_url(url), headers=_headers(api_key), limits=limits, timeout=timeout
+        ) as http:
+            if warmup:
+                await _one(http, model, [{"role": "user", "content": "Hello"}], 4)
+            inputs = {"url": base_url(url), "model": model, "prompt_tokens": prompt_tokens,
+                      "system_prompt_tokens": system_prompt_tokens, "max_tokens": max_tokens}
+            return await drive(lambda msgs: _one(http, model, msgs, max_tokens), conversations,
+                               concurrency, inputs)
+
+    return asyncio.run(run())
 
 
 def served_model(url: str, api_key: str | None = None) -> str:

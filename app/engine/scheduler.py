@@ -152,6 +152,9 @@ class Scheduler:
             self.running.append(request)
             out.num_scheduled_tokens[request] = num_new
             budget -= num_new
+            if self.block_manager.enable_prefix_caching:
+                # its prompt blocks are in flight from now on, for the next in the queue too
+                inflight.update(self._prompt_hashes(request)[request.num_hashed_blocks:])
         return out
 
     def _prompt_hashes(self, request: Request) -> list[bytes]:

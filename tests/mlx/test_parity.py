@@ -54,22 +54,42 @@ def prompts(mlx_runner) -> list[list[int]]:
     return [mlx_runner.tokenizer.encode(p, parse_special=s) for p, s in PROMPTS]
 
 
-@pytest.fixture(scope="module")
-def mlx_greedy(mlx_runner, prompts):
-    """MLX greedy continuations of every prompt, decoded as one batch, with the logits row
-    of every step: (tokens `[prompt][N_GREEDY]`, rows `[prompt][N_GREEDY]` of `[vocab]`)."""
-    logits = mlx_runner.execute([BatchItem(s, ids, 0, _blocks(s), [len(ids) - 1])
-                                 for s, ids in enumerate(prompts)])
-    rows = [[row] for row in logits]
+def batched_greedy(runner, prompts: list[list[int]]) -> tuple[list[list[int]], list[list]]:
+    """`N_GREEDY` greedy tokens of every prompt, decoded as one batch (slot i = prompt i), with
+    the logits row of every step: (tokens `[prompt][N_GREEDY]`, rows `[prompt][N_GREEDY]` of
+    `[vocab]`)."""
+    logits = runner.execute([BatchItem(s, ids, 0, _blocks(s), [len(ids) - 1])
+                             for s, ids in enumerate(prompts)])
+    rows = [[row.copy()] for row in logits]
     outs = [[int(np.argmax(row))] for row in logits]
     for _ in range(N_GREEDY - 1):  # batched decode: one token per row per step
-        logits = mlx_runner.execute([
+        logits = runner.execute([
             BatchItem(s, [out[-1]], len(ids) + len(out) - 1, _blocks(s), [0])
             for s, (ids, out) in enumerate(zip(prompts, outs, strict=True))])
         for out, r, row in zip(outs, rows, logits, strict=True):
             out.append(int(np.argmax(row)))
-            r.append(row)
+            r.append(row.copy())
     return outs, rows
+
+
+def check_splits_are_near_ties(llama_ref, prompts, outs, refs, rows, splits) -> None:
+    """Print how much each side prefers its own token where MLX and llama.cpp first differ,
+    and assert llama.cpp itself finds MLX's token within `LLAMA_NEAR_TIE` of its top."""
+    for (text, _), ids, out, ref, row, s in zip(PROMPTS, prompts, outs, refs, rows, splits,
+                                                 strict=True):
+        if s == N_GREEDY:
+            continue
+        at = llama_ref.logits(ids + out[:s])
+        llama_gap = float(at.max() - at[out[s]])
+        mlx_gap = float(row[s][out[s]] - row[s][ref[s]])
+        print(f"  {text[:24]!r}: split at {s}: logit gap llama.cpp {llama_gap:.3f}, "
+              f"MLX {mlx_gap:.3f}")
+        assert llama_gap < LLAMA_NEAR_TIE
+
+
+@pytest.fixture(scope="module")
+def mlx_greedy(mlx_runner, prompts):
+    return batched_greedy(mlx_runner, prompts)
 
 
 def test_next_token_logits_match_llamacpp(mlx_runner, llama_ref, prompts):
@@ -124,17 +144,7 @@ def test_greedy_continuations_match_llamacpp(mlx_greedy, llama_ref, gguf_path, p
           f"for {N_GREEDY} tokens; first split per prompt {splits}")
     print(f"greedy llama.cpp (flash attn auto) vs llama.cpp (flash attn off): "
           f"{sum(s == N_GREEDY for s in self_splits)}/{n} agree; splits {self_splits}")
-    for (text, _), ids, out, ref, row, s in zip(PROMPTS, prompts, outs, refs, rows, splits,
-                                                 strict=True):
-        if s == N_GREEDY:
-            continue
-        # how much each side prefers its own token at the split
-        at = llama_ref.logits(ids + out[:s])
-        llama_gap = float(at.max() - at[out[s]])
-        mlx_gap = float(row[s][out[s]] - row[s][ref[s]])
-        print(f"  {text[:24]!r}: split at {s}: logit gap llama.cpp {llama_gap:.3f}, "
-              f"MLX {mlx_gap:.3f}")
-        assert llama_gap < LLAMA_NEAR_TIE
+    check_splits_are_near_ties(llama_ref, prompts, outs, refs, rows, splits)
 
 
 def test_logits_match_independent_numpy_forward(mlx_runner, numpy_ref):

@@ -11,13 +11,17 @@ decode of 8 prompts x 16 tokens.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 pytest.importorskip("mlx.core")
 
-from backends.base import BatchItem  # noqa: E402
-from tests.mlx.test_parity import LLAMA_NEAR_TIE, N_GREEDY, PROMPTS, _split  # noqa: E402
+from tests.mlx.test_parity import (  # noqa: E402
+    N_GREEDY,
+    PROMPTS,
+    _split,
+    batched_greedy,
+    check_splits_are_near_ties,
+)
 
 MODEL = "qwen2.5-coder-1.5b-instruct"
 
@@ -29,29 +33,14 @@ def qwen_path() -> str:
     return str(resolve_model(MODEL))  # fetched once into the model store if missing
 
 
-def _mlx_greedy(path: str) -> tuple[list[list[int]], list[list[int]], list[list[np.ndarray]]]:
+def _mlx_greedy(path: str):
     from backends.mlx.runner import MLXRunner
 
     runner = MLXRunner(path, max_seqs=len(PROMPTS), num_blocks=4 * len(PROMPTS), block_size=16)
     try:
         prompts = [runner.tokenizer.encode(text, parse_special=special)
                    for text, special in PROMPTS]
-
-        def blocks(slot: int) -> list[int]:
-            return list(range(slot * 4, slot * 4 + 4))
-
-        logits = runner.execute([BatchItem(s, ids, 0, blocks(s), [len(ids) - 1])
-                                 for s, ids in enumerate(prompts)])
-        outs = [[int(np.argmax(row))] for row in logits]
-        rows = [[row.copy()] for row in logits]
-        for _ in range(N_GREEDY - 1):
-            logits = runner.execute([
-                BatchItem(s, [out[-1]], len(ids) + len(out) - 1, blocks(s), [0])
-                for s, (ids, out) in enumerate(zip(prompts, outs, strict=True))])
-            for out, r, row in zip(outs, rows, logits, strict=True):
-                out.append(int(np.argmax(row)))
-                r.append(row.copy())
-        return prompts, outs, rows
+        return (prompts, *batched_greedy(runner, prompts))
     finally:
         runner.close()
 
@@ -68,16 +57,7 @@ def test_greedy_continuations_agree_with_llamacpp_on_most_prompts(qwen_path):
         agree = sum(s == N_GREEDY for s in splits)
         print(f"\ngreedy MLX vs llama.cpp on {MODEL}: {agree}/{len(prompts)} prompts agree for "
               f"{N_GREEDY} tokens; first split per prompt {splits}")
-        for (text, _), ids, out, want, row, s in zip(PROMPTS, prompts, outs, refs, rows, splits,
-                                                    strict=True):
-            if s == N_GREEDY:
-                continue
-            at = ref.logits(ids + out[:s])
-            llama_gap = float(at.max() - at[out[s]])
-            mlx_gap = float(row[s][out[s]] - row[s][want[s]])
-            print(f"  {text[:24]!r}: split at {s}: logit gap llama.cpp {llama_gap:.3f}, "
-                  f"MLX {mlx_gap:.3f}")
-            assert llama_gap < LLAMA_NEAR_TIE
+        check_splits_are_near_ties(ref, prompts, outs, refs, rows, splits)
         assert agree > len(prompts) // 2
     finally:
         ref.close()

@@ -159,3 +159,17 @@ def test_waits_for_inflight_shared_prefix_instead_of_recomputing_it():
     # a finished and freed slot 0; b hits all 4 system blocks, computes only its 2 tokens
     assert planned(runner) == [(0, 16, 2, [1])]
     assert ("share", 0, [0, 1, 2, 3]) in runner.calls
+
+
+def test_admitted_in_the_same_step_waits_for_the_shared_prefix_too():
+    runner, eng = make(block_size=4, budget=64)
+    system = list(range(1, 17))  # 4 blocks shared by both prompts
+    eng.add_request("a", system + [50, 51], greedy(2))
+    eng.add_request("b", system + [60, 61], greedy(2))
+    eng.step()
+    # budget for both, but b would compute a's 4 blocks again: only a is admitted
+    assert planned(runner) == [(0, 0, 18, [17])]
+    eng.step()
+    # b shares a's blocks (a is still running in slot 0) and computes its 2 tokens
+    assert ("share", 1, [0, 1, 2, 3]) in runner.calls
+    assert planned(runner) == [(0, 18, 1, [0]), (1, 16, 2, [1])]
