@@ -14,18 +14,14 @@ usage: python -m app.bench_peer [--model NAME] [--llama-server PATH] [--threads 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import time
-
-import httpx
 
 from app.bench_http import run_http_bench, run_in_process_bench, served_model
+from app.server_process import free_port, running
 from models.registry import DEFAULT_MODEL
 
 SCENARIOS = [  # (name, concurrency, system prompt tokens)
@@ -33,37 +29,6 @@ SCENARIOS = [  # (name, concurrency, system prompt tokens)
     ("short_c16", 16, 0),
     ("shared_system_c16", 16, 600),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def running(cmd: list[str], port: int, timeout: float = 120.0):
-    """Start a server process and wait until GET /health answers 200."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}: {' '.join(cmd)}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server not healthy after {timeout:.0f} s")
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def measure(url: str, model: str, args) -> dict[str, dict]:

@@ -72,6 +72,12 @@ class Tokenizer(Protocol):
         ...
 
 
+def shared_pool_tokens(seq_tokens: int) -> int:
+    """Default KV tokens of a pool shared by all sequences (llama.cpp unified, MLX): room for
+    two full-length sequences, at least 16384."""
+    return max(2 * seq_tokens, 16384)
+
+
 class Runner(Protocol):
     """A model runner: executes batched steps and manages per-slot KV."""
 

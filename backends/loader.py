@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backends.base import Runner
+from backends.base import Runner, shared_pool_tokens
 
 
 def _choose(requested: str | None) -> str:
@@ -40,7 +40,7 @@ def load_runner(
         converted = converted_dir(path)  # `tandem models convert --to mlx` output, if current
         if str(path).endswith(".gguf") and is_current(converted, path):
             path = converted
-        kv_tokens = kv_tokens or max(2 * seq_tokens, 16384)
+        kv_tokens = kv_tokens or shared_pool_tokens(seq_tokens)
         runner = load_mlx_runner(str(path), max_seqs=max_seqs,
                                  num_blocks=kv_tokens // block_size, block_size=block_size)
         return runner, name

@@ -36,7 +36,7 @@ from pathlib import Path
 import llama_cpp as L
 import numpy as np
 
-from backends.base import BatchItem, ModelInfo
+from backends.base import BatchItem, ModelInfo, shared_pool_tokens
 from backends.llamacpp.tokenizer import LlamaCppTokenizer
 
 _FLASH_ATTN = {
@@ -160,7 +160,7 @@ class LlamaCppRunner:
             cp.n_seq_max = max_seqs
             cp.kv_unified = False
         else:
-            self.num_blocks = max(1, (kv_tokens or max(2 * seq_tokens, 16384)) // block_size)
+            self.num_blocks = max(1, (kv_tokens or shared_pool_tokens(seq_tokens)) // block_size)
             self.max_seq_tokens = self.num_blocks * block_size
             # slack beyond the accounted blocks: llama.cpp places a ubatch in free cells itself
             cp.n_ctx = self.num_blocks * block_size + max_batch_tokens

@@ -8,11 +8,8 @@ with the embedded model; `fake` runs the app in-process (uvicorn in a thread) on
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +17,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+
+from app.server_process import free_port, running, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-e2e"
@@ -36,12 +35,6 @@ def engine_mode() -> str:
     except ImportError:
         return "fake"
     return "real"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -79,22 +72,6 @@ class Server:
         raise KeyError(name)
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 180) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise RuntimeError(f"server exited with {proc.returncode}: {err[-3000:]}")
-        try:
-            r = httpx.get(f"{url}/health", timeout=2)
-            if r.status_code == 200:
-                return r.json()["model"]
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not healthy after {timeout}s")
-
-
 def _start_subprocess(api_key: str | None, *extra: str) -> Iterator[Server]:
     port = free_port()
     cmd = [sys.executable, "-m", "app.cli", "serve", "--model", MODEL, "--port", str(port)]
@@ -106,18 +83,9 @@ def _start_subprocess(api_key: str | None, *extra: str) -> Iterator[Server]:
     # box that turns a 1 s request into 10+ s. Sleeping at barriers keeps the suite steady.
     env.setdefault("OMP_WAIT_POLICY", "passive")
     env.pop("TANDEM_API_KEY", None)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        model = _wait_healthy(url, proc)
+    with running(cmd, port, timeout=180, cwd=ROOT, env=env) as url:
+        model = httpx.get(f"{url}/health", timeout=10).json()["model"]
         yield Server(url, model, api_key, "real")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _start_inprocess(
@@ -139,7 +107,7 @@ def _start_inprocess(
     thread.start()
     url = f"http://127.0.0.1:{port}"
     try:
-        model = _wait_healthy(url, None, timeout=30)
+        model = wait_healthy(url, timeout=30)["model"]
         yield Server(url, model, api_key, "fake")
     finally:
         server.should_exit = True
