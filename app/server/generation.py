@@ -10,13 +10,11 @@ KV blocks within one engine step.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
 from app.engine.types import (
     EngineOverloadedError,
@@ -328,35 +326,3 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
         raise ClientDisconnected()
     return task.result()
 
-
-def sse(obj: dict[str, Any]) -> str:
-    """One server-sent event in OpenAI's framing: `data: {json}\\n\\n`."""
-    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"
-
-
-def event_stream(events: AsyncIterator[str]) -> StreamingResponse:
-    """A `text/event-stream` response; the iterator is cancelled if the client disconnects."""
-    return StreamingResponse(
-        events,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
-
-
-def stream_error(exc: BaseException) -> str:
-    """The SSE event reporting an error after streaming began."""
-    if isinstance(exc, APIError):
-        return sse(exc.body())
-    return sse(
-        {
-            "error": {
-                "message": f"Internal server error: {type(exc).__name__}: {exc}",
-                "type": "server_error",
-                "param": None,
-                "code": None,
-            }
-        }
-    )

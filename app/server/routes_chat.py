@@ -8,42 +8,30 @@ chunk has `"usage": null` and a final chunk with `choices: []` carries the usage
 
 from __future__ import annotations
 
-import logging
-import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import jinja2
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
-from starlette.background import BackgroundTask
+from fastapi.responses import Response
+from sse_starlette import ServerSentEvent
 
 from app.server.context import Ctx, ServerContext
 from app.server.errors import bad_request
 from app.server.generation import (
-    SSE_DONE,
     ChoiceState,
-    ClientDisconnected,
     Job,
-    cancel_all,
     check_prompt,
     choice_seed,
-    collect,
-    event_stream,
-    merge_outputs,
     n_vocab,
     sampling_params,
-    sse,
-    stream_error,
     submit_jobs,
-    until_disconnect,
     usage,
 )
 from app.server.logprobs import chat_content
+from app.server.responses import respond, response_head, stream_chunks
 from app.server.schemas import ChatCompletionRequest, ChatMessage
 
-log = logging.getLogger("tandem.server")
 router = APIRouter()
 
 ROLE_ALIASES = {"developer": "system"}
@@ -85,10 +73,6 @@ def render_prompt(engine: Any, messages: list[dict[str, str]]) -> list[int]:
         raise bad_request(f"The chat template rejected the messages: {exc}", "messages") from exc
 
 
-def _fingerprint(ctx: ServerContext) -> str:
-    return f"tandem-{getattr(ctx.engine, 'backend_name', 'engine')}"
-
-
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Ctx) -> Response:
     model = ctx.resolve_model(body.model)
@@ -114,27 +98,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
         )
         for i in range(body.n or 1)
     ]
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
-    created = int(time.time())
-    streams = submit_jobs(ctx.engine, jobs, rid, "messages")
-    head = {
-        "id": rid,
-        "created": created,
-        "model": model,
-        "system_fingerprint": _fingerprint(ctx),
-    }
-    if body.stream:
-        events = _chunks(ctx, streams, jobs, head, body.include_usage, top)
-        response = event_stream(events)
-        response.background = BackgroundTask(cancel_all, streams)
-        return response
-    try:
-        states = await until_disconnect(request, collect(streams, jobs, ctx.metrics))
-    except ClientDisconnected:
-        return Response(status_code=499)
-    finally:
-        cancel_all(streams)
-    return JSONResponse(_completion(ctx, head, states, top))
+    head = response_head(ctx, "chatcmpl", model)
+    streams = submit_jobs(ctx.engine, jobs, head["id"], "messages")
+    events = _chunks(ctx, streams, jobs, head, body.include_usage, top) if body.stream else None
+    return await respond(request, ctx, streams, jobs, events,
+                         lambda states: _completion(ctx, head, states, top))
 
 
 def _completion(
@@ -162,45 +130,33 @@ def _completion(
     }
 
 
-async def _chunks(
+def _chunks(
     ctx: ServerContext,
     streams: list[Any],
     jobs: list[Job],
     head: dict[str, Any],
     include_usage: bool,
     top: int | None,
-) -> AsyncIterator[str]:
-    base = {"id": head["id"], "object": "chat.completion.chunk", **head}
+) -> AsyncIterator[ServerSentEvent]:
+    """Per choice: a first delta with the role, content deltas, a last empty delta with the
+    `finish_reason`."""
 
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, lp: Any = None) -> str:
-        body: dict[str, Any] = {
-            **base,
-            "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}],
-        }
-        if include_usage:
-            body["usage"] = None
-        return sse(body)
+    def choice(index: int, delta: dict[str, Any], finish: str | None = None,
+               lp: Any = None) -> dict[str, Any]:
+        return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
 
-    states = [ChoiceState(job) for job in jobs]
-    outputs = merge_outputs(streams, ctx.metrics)
-    try:
-        for job in jobs:
-            yield chunk(job.index, {"role": "assistant", "content": ""})
-        async for pos, out in outputs:
-            state = states[pos]
-            state.add(out)
-            lp = None
-            if top is not None and out.logprobs:
-                lp = {"content": chat_content(out.logprobs, ctx.engine.tokenizer, top)}
-            if out.text or lp is not None:
-                yield chunk(state.job.index, {"content": out.text}, lp=lp)
-            if out.finished:
-                yield chunk(state.job.index, {}, finish=out.finish_reason)
-        if include_usage:
-            yield sse({**base, "choices": [], "usage": usage(states)})
-    except Exception as exc:
-        log.exception("chat stream %s failed", head["id"])
-        yield stream_error(exc)
-    finally:
-        await outputs.aclose()
-    yield SSE_DONE
+    def content(pos: int, state: ChoiceState, out: Any) -> dict[str, Any] | None:
+        lp = None
+        if top is not None and out.logprobs:
+            lp = {"content": chat_content(out.logprobs, ctx.engine.tokenizer, top)}
+        if out.text or lp is not None:
+            return choice(state.job.index, {"content": out.text}, lp=lp)
+        return None
+
+    return stream_chunks(
+        ctx, streams, jobs, {"id": head["id"], "object": "chat.completion.chunk", **head},
+        include_usage,
+        opening=lambda job: choice(job.index, {"role": "assistant", "content": ""}),
+        content=content,
+        last=lambda state: choice(state.job.index, {}, finish=state.finish_reason),
+    )

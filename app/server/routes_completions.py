@@ -10,42 +10,30 @@ null log-probabilities (the engine does not score prompts).
 
 from __future__ import annotations
 
-import logging
-import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
-from starlette.background import BackgroundTask
+from fastapi.responses import Response
+from sse_starlette import ServerSentEvent
 
 from app.server.context import Ctx, ServerContext
 from app.server.errors import bad_request
 from app.server.generation import (
-    SSE_DONE,
     ChoiceState,
-    ClientDisconnected,
     Job,
-    cancel_all,
     check_prompt,
     choice_seed,
-    collect,
-    event_stream,
-    merge_outputs,
     n_vocab,
     sampling_params,
-    sse,
-    stream_error,
     submit_jobs,
-    until_disconnect,
     usage,
 )
 from app.server.logprobs import LegacyLogprobs, merge_legacy
+from app.server.responses import respond, response_head, stream_chunks
 from app.server.schemas import CompletionRequest
 
-log = logging.getLogger("tandem.server")
 router = APIRouter()
 
 DEFAULT_MAX_TOKENS = 16
@@ -111,27 +99,12 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx) -> Re
             )
             jobs.append(Job(index=index, prompt_index=pi, prompt_ids=p.ids, params=params))
     echoes = [_Echo(ctx.engine, p) for p in prompts] if body.echo else None
-    rid = f"cmpl-{uuid.uuid4().hex}"
-    head = {
-        "id": rid,
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": f"tandem-{getattr(ctx.engine, 'backend_name', 'engine')}",
-    }
-    streams = submit_jobs(ctx.engine, jobs, rid, "prompt")
-    if body.stream:
-        response = event_stream(
-            _chunks(ctx, streams, jobs, head, body.include_usage, body.logprobs, echoes)
-        )
-        response.background = BackgroundTask(cancel_all, streams)
-        return response
-    try:
-        states = await until_disconnect(request, collect(streams, jobs, ctx.metrics))
-    except ClientDisconnected:
-        return Response(status_code=499)
-    finally:
-        cancel_all(streams)
-    return JSONResponse(_completion(head, states, body.logprobs, echoes))
+    head = response_head(ctx, "cmpl", model)
+    streams = submit_jobs(ctx.engine, jobs, head["id"], "prompt")
+    events = (_chunks(ctx, streams, jobs, head, body.include_usage, body.logprobs, echoes)
+              if body.stream else None)
+    return await respond(request, ctx, streams, jobs, events,
+                         lambda states: _completion(head, states, body.logprobs, echoes))
 
 
 def _completion(
@@ -169,7 +142,7 @@ def _completion(
     }
 
 
-async def _chunks(
+def _chunks(
     ctx: ServerContext,
     streams: list[Any],
     jobs: list[Job],
@@ -177,43 +150,30 @@ async def _chunks(
     include_usage: bool,
     top: int | None,
     echoes: list[_Echo] | None,
-) -> AsyncIterator[str]:
-    base = {"id": head["id"], "object": "text_completion", **head}
-
-    def chunk(index: int, text: str, lp: Any = None, finish: str | None = None) -> str:
-        body: dict[str, Any] = {
-            **base,
-            "choices": [{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}],
-        }
-        if include_usage:
-            body["usage"] = None
-        return sse(body)
-
-    states = [ChoiceState(job) for job in jobs]
+) -> AsyncIterator[ServerSentEvent]:
+    """Per choice: its echoed prompt (with `echo`), text pieces, a last empty piece with the
+    `finish_reason`; legacy logprobs offsets continue across a choice's chunks."""
     builders = [LegacyLogprobs(top) if top is not None else None for _ in jobs]
-    outputs = merge_outputs(streams, ctx.metrics)
-    try:
-        if echoes:
-            for job, builder in zip(jobs, builders, strict=True):
-                echo = echoes[job.prompt_index]
-                lp = builder.prompt(echo.token_texts()) if builder else None
-                if builder:
-                    builder.offset = len(echo.text)
-                yield chunk(job.index, echo.text, lp)
-        async for pos, out in outputs:
-            state = states[pos]
-            state.add(out)
-            builder = builders[pos]
-            lp = builder.add(out.logprobs or []) if builder and out.logprobs else None
-            if out.text or lp is not None:
-                yield chunk(state.job.index, out.text, lp)
-            if out.finished:
-                yield chunk(state.job.index, "", finish=out.finish_reason)
-        if include_usage:
-            yield sse({**base, "choices": [], "usage": usage(states)})
-    except Exception as exc:
-        log.exception("completion stream %s failed", head["id"])
-        yield stream_error(exc)
-    finally:
-        await outputs.aclose()
-    yield SSE_DONE
+
+    def choice(index: int, text: str, lp: Any = None, finish: str | None = None) -> dict:
+        return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
+
+    def opening(job: Job) -> dict | None:
+        if not echoes:
+            return None
+        echo, builder = echoes[job.prompt_index], builders[job.index]
+        lp = builder.prompt(echo.token_texts()) if builder else None
+        if builder:
+            builder.offset = len(echo.text)
+        return choice(job.index, echo.text, lp)
+
+    def content(pos: int, state: ChoiceState, out: Any) -> dict | None:
+        builder = builders[state.job.index]
+        lp = builder.add(out.logprobs or []) if builder and out.logprobs else None
+        return choice(state.job.index, out.text, lp) if out.text or lp is not None else None
+
+    return stream_chunks(
+        ctx, streams, jobs, {"id": head["id"], "object": "text_completion", **head},
+        include_usage, opening=opening, content=content,
+        last=lambda state: choice(state.job.index, "", finish=state.finish_reason),
+    )

@@ -1,0 +1,137 @@
+"""The response side shared by `/v1/chat/completions` and `/v1/completions`.
+
+`respond` answers a request whose jobs are submitted: a JSON body once every choice has
+finished, or a stream of chunks (`stream_chunks`) in OpenAI's server-sent-event framing
+(`data: {json}\\n\\n`, ending with `data: [DONE]`), sent by sse-starlette. Both cancel the
+engine streams when the client goes away.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
+
+from app.engine.types import RequestOutput
+from app.server.context import ServerContext
+from app.server.errors import APIError
+from app.server.generation import (
+    ChoiceState,
+    ClientDisconnected,
+    Job,
+    cancel_all,
+    collect,
+    merge_outputs,
+    until_disconnect,
+    usage,
+)
+
+log = logging.getLogger("tandem.server")
+
+Choice = dict[str, Any]
+SEP = "\n"  # OpenAI's framing; sse-starlette's default is "\r\n"
+
+
+def sse(obj: dict[str, Any]) -> ServerSentEvent:
+    """One event carrying `obj` as compact JSON (one `data:` line: JSON escapes newlines)."""
+    return ServerSentEvent(json.dumps(obj, separators=(",", ":"), ensure_ascii=False), sep=SEP)
+
+
+SSE_DONE = ServerSentEvent("[DONE]", sep=SEP)
+
+
+def stream_error(exc: BaseException) -> ServerSentEvent:
+    """The event reporting an error after streaming began (OpenAI's error shape)."""
+    if isinstance(exc, APIError):
+        return sse(exc.body())
+    return sse({"error": {"message": f"Internal server error: {type(exc).__name__}: {exc}",
+                          "type": "server_error", "param": None, "code": None}})
+
+
+def response_head(ctx: ServerContext, id_prefix: str, model: str) -> dict[str, Any]:
+    """`id`, `created`, `model` and `system_fingerprint`, common to a response's chunks."""
+    backend = getattr(ctx.engine, "backend_name", "engine")
+    return {"id": f"{id_prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": model, "system_fingerprint": f"tandem-{backend}"}
+
+
+async def respond(
+    request: Request,
+    ctx: ServerContext,
+    streams: list[Any],
+    jobs: list[Job],
+    events: AsyncIterator[ServerSentEvent] | None,
+    body: Callable[[list[ChoiceState]], dict[str, Any]],
+) -> Response:
+    """Stream `events` if given, else collect every choice and answer `body(states)`.
+
+    A client gone before the collected answer gets status 499 (nobody reads it); either way
+    the engine streams are cancelled, which frees their KV blocks within one step.
+    """
+    if events is not None:
+        # pings (": ping" comments every 15 s) are ignored by SSE clients and keep idle
+        # proxies from closing the connection during a long prefill
+        return EventSourceResponse(events, sep=SEP,
+                                   background=BackgroundTask(cancel_all, streams))
+    try:
+        states = await until_disconnect(request, collect(streams, jobs, ctx.metrics))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        cancel_all(streams)
+    return JSONResponse(body(states))
+
+
+async def stream_chunks(
+    ctx: ServerContext,
+    streams: list[Any],
+    jobs: list[Job],
+    base: dict[str, Any],
+    include_usage: bool,
+    opening: Callable[[Job], Choice | None],
+    content: Callable[[int, ChoiceState, RequestOutput], Choice | None],
+    last: Callable[[ChoiceState], Choice],
+) -> AsyncIterator[ServerSentEvent]:
+    """The chunk events of a streamed response: `{**base, "choices": [choice]}` for
+    `opening(job)` of each job (if not None), `content(position, state, output)` of each
+    engine output (if not None), `last(state)` when a choice finishes; then, with
+    `include_usage`, a chunk with `choices: []` and the usage (earlier chunks carry
+    `"usage": null`); an error event if generation fails; finally `[DONE]`."""
+
+    def chunk(choice: Choice) -> ServerSentEvent:
+        obj = {**base, "choices": [choice]}
+        if include_usage:
+            obj["usage"] = None
+        return sse(obj)
+
+    states = [ChoiceState(job) for job in jobs]
+    outputs = merge_outputs(streams, ctx.metrics)
+    try:
+        for job in jobs:
+            choice = opening(job)
+            if choice is not None:
+                yield chunk(choice)
+        async for pos, out in outputs:
+            state = states[pos]
+            state.add(out)
+            choice = content(pos, state, out)
+            if choice is not None:
+                yield chunk(choice)
+            if out.finished:
+                yield chunk(last(state))
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": usage(states)})
+    except Exception as exc:
+        log.exception("stream %s failed", base.get("id"))
+        yield stream_error(exc)
+    finally:
+        await outputs.aclose()
+    yield SSE_DONE

@@ -1,0 +1,34 @@
+"""`AsyncEngine` over the fake runner: arrivals at an idle engine are prefilled together."""
+
+import asyncio
+
+from app.engine.async_engine import AsyncEngine
+from tests.unit.test_scheduler import greedy, make, planned
+
+
+async def _run(engine: AsyncEngine, prompts: list[list[int]], apart_s: float) -> list[list[int]]:
+    streams = []
+    for p in prompts:
+        streams.append(engine.submit(p, greedy(2)))
+        await asyncio.sleep(apart_s)  # long enough for the step thread to wake
+
+    async def tokens(stream) -> list[int]:
+        return [t async for out in stream for t in out.token_ids]
+
+    return await asyncio.gather(*(tokens(s) for s in streams))
+
+
+async def test_requests_arriving_together_share_the_first_step():
+    runner, eng = make(budget=64)
+    engine = AsyncEngine(eng, "fake", "fake")
+    engine.arrival_gap_s, engine.arrival_window_s = 0.5, 2.0  # generous for loaded machines
+    try:
+        outs = await _run(engine, [[1, 2, 3], [10, 11, 12, 13], [20, 21]], apart_s=0.02)
+    finally:
+        engine.shutdown()
+    assert outs == [[4, 5], [14, 15], [22, 23]]
+    # one prefill step with all three prompts, then one decode step with all three
+    assert planned(runner, 0) == [(0, 0, 3, [2]), (1, 0, 4, [3]), (2, 0, 2, [1])]
+    assert planned(runner, 1) == [(0, 3, 1, [0]), (1, 4, 1, [0]), (2, 2, 1, [0])]
+    assert len(runner.steps) == 2
+
