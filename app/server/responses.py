@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from sse_starlette import ServerSentEvent
 from starlette.background import BackgroundTask
 
 from app.engine.types import RequestOutput
@@ -40,15 +40,16 @@ Choice = dict[str, Any]
 SEP = "\n"  # OpenAI's framing; sse-starlette's default is "\r\n"
 
 
-def sse(obj: dict[str, Any]) -> ServerSentEvent:
+def sse(obj: dict[str, Any]) -> bytes:
     """One event carrying `obj` as compact JSON (one `data:` line: JSON escapes newlines)."""
-    return ServerSentEvent(json.dumps(obj, separators=(",", ":"), ensure_ascii=False), sep=SEP)
+    data = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return ServerSentEvent(data, sep=SEP).encode()
 
 
-SSE_DONE = ServerSentEvent("[DONE]", sep=SEP)
+SSE_DONE = ServerSentEvent("[DONE]", sep=SEP).encode()
 
 
-def stream_error(exc: BaseException) -> ServerSentEvent:
+def stream_error(exc: BaseException) -> bytes:
     """The event reporting an error after streaming began (OpenAI's error shape)."""
     if isinstance(exc, APIError):
         return sse(exc.body())
@@ -68,7 +69,7 @@ async def respond(
     ctx: ServerContext,
     streams: list[Any],
     jobs: list[Job],
-    events: AsyncIterator[ServerSentEvent] | None,
+    events: AsyncIterator[bytes] | None,
     body: Callable[[list[ChoiceState]], dict[str, Any]],
 ) -> Response:
     """Stream `events` if given, else collect every choice and answer `body(states)`.
@@ -77,10 +78,12 @@ async def respond(
     the engine streams are cancelled, which frees their KV blocks within one step.
     """
     if events is not None:
-        # pings (": ping" comments every 15 s) are ignored by SSE clients and keep idle
-        # proxies from closing the connection during a long prefill
-        return EventSourceResponse(events, sep=SEP,
-                                   background=BackgroundTask(cancel_all, streams))
+        # not sse-starlette's EventSourceResponse: its per-send cancel scope and tasks cost
+        # 0.3 ms per token at one stream (5% of a 135M model's decode on 2 cores)
+        return StreamingResponse(
+            events, media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            background=BackgroundTask(cancel_all, streams))
     try:
         states = await until_disconnect(request, collect(streams, jobs, ctx.metrics))
     except ClientDisconnected:
@@ -99,14 +102,14 @@ async def stream_chunks(
     opening: Callable[[Job], Choice | None],
     content: Callable[[int, ChoiceState, RequestOutput], Choice | None],
     last: Callable[[ChoiceState], Choice],
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncIterator[bytes]:
     """The chunk events of a streamed response: `{**base, "choices": [choice]}` for
     `opening(job)` of each job (if not None), `content(position, state, output)` of each
     engine output (if not None), `last(state)` when a choice finishes; then, with
     `include_usage`, a chunk with `choices: []` and the usage (earlier chunks carry
     `"usage": null`); an error event if generation fails; finally `[DONE]`."""
 
-    def chunk(choice: Choice) -> ServerSentEvent:
+    def chunk(choice: Choice) -> bytes:
         obj = {**base, "choices": [choice]}
         if include_usage:
             obj["usage"] = None

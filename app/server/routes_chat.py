@@ -14,7 +14,6 @@ from typing import Any
 import jinja2
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from sse_starlette import ServerSentEvent
 
 from app.server.context import Ctx, ServerContext
 from app.server.errors import bad_request
@@ -137,7 +136,7 @@ def _chunks(
     head: dict[str, Any],
     include_usage: bool,
     top: int | None,
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncIterator[bytes]:
     """Per choice: a first delta with the role, content deltas, a last empty delta with the
     `finish_reason`."""
 

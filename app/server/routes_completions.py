@@ -16,7 +16,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from sse_starlette import ServerSentEvent
 
 from app.server.context import Ctx, ServerContext
 from app.server.errors import bad_request
@@ -150,7 +149,7 @@ def _chunks(
     include_usage: bool,
     top: int | None,
     echoes: list[_Echo] | None,
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncIterator[bytes]:
     """Per choice: its echoed prompt (with `echo`), text pieces, a last empty piece with the
     `finish_reason`; legacy logprobs offsets continue across a choice's chunks."""
     builders = [LegacyLogprobs(top) if top is not None else None for _ in jobs]
