@@ -6,13 +6,10 @@ from pathlib import Path
 
 from backends.base import Runner, shared_pool_tokens
 
-# Tokens per engine block: the granularity of prefix-cache hits. llama.cpp's blocks are only
-# accounting (its KV lives in its own cells), so finer blocks cost just bookkeeping and reuse
-# more of a shared prefix (llama-server reuses to the token): a 26-token common chat prefix
-# hits 24 tokens, not 16, saving ~25 ms of TTFT per request here. MLX blocks are real pages
-# that attention gathers, where 16 (vLLM's default) keeps the gathers large.
-LLAMACPP_BLOCK_SIZE = 8
+# MLX blocks are real pages that attention gathers: 16 tokens (vLLM's default) keeps the
+# gathers large. llama.cpp's default is finer (backends.llamacpp.runner.BLOCK_SIZE).
 MLX_BLOCK_SIZE = 16
+
 
 def _choose(requested: str | None) -> str:
     try:
@@ -38,7 +35,7 @@ def load_runner(
 ) -> tuple[Runner, str]:
     """Returns (runner, backend name). `seq_tokens` and `kv_layout` are llama.cpp's (see
     LlamaCppRunner); MLX has one paged pool of `kv_tokens`. `block_size` defaults to
-    `LLAMACPP_BLOCK_SIZE` or `MLX_BLOCK_SIZE`. Raises FileNotFoundError / ValueError (bad
+    the runner's (llama.cpp 8, MLX 16). Raises FileNotFoundError / ValueError (bad
     model)."""
     name = _choose(backend)
     if name == "mlx":
@@ -49,15 +46,15 @@ def load_runner(
         if str(path).endswith(".gguf") and is_current(converted, path):
             path = converted
         kv_tokens = kv_tokens or shared_pool_tokens(seq_tokens)
-        block_size = block_size or MLX_BLOCK_SIZE
+        block_size = MLX_BLOCK_SIZE if block_size is None else block_size
         runner = load_mlx_runner(str(path), max_seqs=max_seqs,
                                  num_blocks=kv_tokens // block_size, block_size=block_size)
         return runner, name
-    from backends.llamacpp.runner import LlamaCppRunner
+    from backends.llamacpp.runner import BLOCK_SIZE, LlamaCppRunner
 
     runner = LlamaCppRunner(
         path, max_seqs=max_seqs, kv_tokens=kv_tokens, seq_tokens=seq_tokens,
-        kv_layout=kv_layout, block_size=block_size or LLAMACPP_BLOCK_SIZE,
+        kv_layout=kv_layout, block_size=BLOCK_SIZE if block_size is None else block_size,
         max_batch_tokens=max_batch_tokens, n_threads=n_threads, flash_attn=flash_attn,
     )
     return runner, name

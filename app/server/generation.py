@@ -325,4 +325,3 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
         await asyncio.gather(task, return_exceptions=True)
         raise ClientDisconnected()
     return task.result()
-

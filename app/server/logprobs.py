@@ -76,6 +76,13 @@ class LegacyLogprobs:
             "text_offset": offsets,
         }
 
+    def echo(self, token_texts: list[str], text: str) -> dict[str, Any]:
+        """`prompt(token_texts)`, then generated text offsets continue after `text` (the echoed
+        prompt as sent, whose length can differ from its tokens' texts joined)."""
+        part = self.prompt(token_texts)
+        self.offset = len(text)
+        return part
+
     def add(self, entries: list[TokenLogprob]) -> dict[str, Any]:
         """The shape for newly generated tokens, continuing the offsets."""
         tokens, lps, tops, offsets = [], [], [], []

@@ -2,8 +2,9 @@
 
 `respond` answers a request whose jobs are submitted: a JSON body once every choice has
 finished, or a stream of chunks (`stream_chunks`) in OpenAI's server-sent-event framing
-(`data: {json}\\n\\n`, ending with `data: [DONE]`), sent by sse-starlette. Both cancel the
-engine streams when the client goes away.
+(`data: {json}\\n\\n`, ending with `data: [DONE]`): events framed by sse-starlette's
+`ServerSentEvent`, sent by Starlette's `StreamingResponse`. Both cancel the engine streams
+when the client goes away.
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ async def respond(
     streams: list[Any],
     jobs: list[Job],
     events: AsyncIterator[bytes] | None,
-    body: Callable[[list[ChoiceState]], dict[str, Any]],
+    make_body: Callable[[list[ChoiceState]], dict[str, Any]],
 ) -> Response:
-    """Stream `events` if given, else collect every choice and answer `body(states)`.
+    """Stream `events` if given, else collect every choice and answer `make_body(states)`.
 
     A client gone before the collected answer gets status 499 (nobody reads it); either way
     the engine streams are cancelled, which frees their KV blocks within one step.
@@ -90,7 +91,7 @@ async def respond(
         return Response(status_code=499)
     finally:
         cancel_all(streams)
-    return JSONResponse(body(states))
+    return JSONResponse(make_body(states))
 
 
 async def stream_chunks(
@@ -99,13 +100,13 @@ async def stream_chunks(
     jobs: list[Job],
     base: dict[str, Any],
     include_usage: bool,
-    opening: Callable[[Job], Choice | None],
+    opening: Callable[[int, Job], Choice | None],
     content: Callable[[int, ChoiceState, RequestOutput], Choice | None],
     last: Callable[[ChoiceState], Choice],
 ) -> AsyncIterator[bytes]:
     """The chunk events of a streamed response: `{**base, "choices": [choice]}` for
-    `opening(job)` of each job (if not None), `content(position, state, output)` of each
-    engine output (if not None), `last(state)` when a choice finishes; then, with
+    `opening(position, job)` of each job (if not None), `content(position, state, output)`
+    of each engine output (if not None), `last(state)` when a choice finishes; then, with
     `include_usage`, a chunk with `choices: []` and the usage (earlier chunks carry
     `"usage": null`); an error event if generation fails; finally `[DONE]`."""
 
@@ -118,8 +119,8 @@ async def stream_chunks(
     states = [ChoiceState(job) for job in jobs]
     outputs = merge_outputs(streams, ctx.metrics)
     try:
-        for job in jobs:
-            choice = opening(job)
+        for pos, job in enumerate(jobs):
+            choice = opening(pos, job)
             if choice is not None:
                 yield chunk(choice)
         async for pos, out in outputs:

@@ -28,7 +28,7 @@ from app.server.generation import (
     usage,
 )
 from app.server.logprobs import chat_content
-from app.server.responses import respond, response_head, stream_chunks
+from app.server.responses import Choice, respond, response_head, stream_chunks
 from app.server.schemas import ChatCompletionRequest, ChatMessage
 
 router = APIRouter()
@@ -137,14 +137,11 @@ def _chunks(
     include_usage: bool,
     top: int | None,
 ) -> AsyncIterator[bytes]:
-    """Per choice: a first delta with the role, content deltas, a last empty delta with the
-    `finish_reason`."""
-
     def choice(index: int, delta: dict[str, Any], finish: str | None = None,
-               lp: Any = None) -> dict[str, Any]:
+               lp: Any = None) -> Choice:
         return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
 
-    def content(pos: int, state: ChoiceState, out: Any) -> dict[str, Any] | None:
+    def content(pos: int, state: ChoiceState, out: Any) -> Choice | None:
         lp = None
         if top is not None and out.logprobs:
             lp = {"content": chat_content(out.logprobs, ctx.engine.tokenizer, top)}
@@ -155,7 +152,7 @@ def _chunks(
     return stream_chunks(
         ctx, streams, jobs, {"id": head["id"], "object": "chat.completion.chunk", **head},
         include_usage,
-        opening=lambda job: choice(job.index, {"role": "assistant", "content": ""}),
+        opening=lambda pos, job: choice(job.index, {"role": "assistant", "content": ""}),
         content=content,
         last=lambda state: choice(state.job.index, {}, finish=state.finish_reason),
     )

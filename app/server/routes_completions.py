@@ -30,7 +30,7 @@ from app.server.generation import (
     usage,
 )
 from app.server.logprobs import LegacyLogprobs, merge_legacy
-from app.server.responses import respond, response_head, stream_chunks
+from app.server.responses import Choice, respond, response_head, stream_chunks
 from app.server.schemas import CompletionRequest
 
 router = APIRouter()
@@ -119,9 +119,7 @@ def _completion(
         logprobs = None
         if top is not None:
             builder = LegacyLogprobs(top)
-            parts = [builder.prompt(echo.token_texts())] if echo else []
-            if echo:
-                builder.offset = len(echo.text)
+            parts = [builder.echo(echo.token_texts(), echo.text)] if echo else []
             parts.append(builder.add(s.logprobs))
             logprobs = merge_legacy(parts)
         choices.append(
@@ -154,20 +152,18 @@ def _chunks(
     `finish_reason`; legacy logprobs offsets continue across a choice's chunks."""
     builders = [LegacyLogprobs(top) if top is not None else None for _ in jobs]
 
-    def choice(index: int, text: str, lp: Any = None, finish: str | None = None) -> dict:
+    def choice(index: int, text: str, lp: Any = None, finish: str | None = None) -> Choice:
         return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
 
-    def opening(job: Job) -> dict | None:
+    def opening(pos: int, job: Job) -> Choice | None:
         if not echoes:
             return None
-        echo, builder = echoes[job.prompt_index], builders[job.index]
-        lp = builder.prompt(echo.token_texts()) if builder else None
-        if builder:
-            builder.offset = len(echo.text)
+        echo, builder = echoes[job.prompt_index], builders[pos]
+        lp = builder.echo(echo.token_texts(), echo.text) if builder else None
         return choice(job.index, echo.text, lp)
 
-    def content(pos: int, state: ChoiceState, out: Any) -> dict | None:
-        builder = builders[state.job.index]
+    def content(pos: int, state: ChoiceState, out: Any) -> Choice | None:
+        builder = builders[pos]
         lp = builder.add(out.logprobs or []) if builder and out.logprobs else None
         return choice(state.job.index, out.text, lp) if out.text or lp is not None else None
 

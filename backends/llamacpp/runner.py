@@ -66,6 +66,11 @@ def default_threads() -> int:
 
 
 SPLIT_KV_BYTES = 2 << 30  # "auto" layout budget: 2 GiB of KV (f16) for the split streams
+# Tokens per engine block: the granularity of prefix-cache hits. Here blocks are only
+# accounting (llama.cpp keeps KV in its own cells), so finer blocks cost just bookkeeping and
+# reuse more of a shared prefix (llama-server reuses to the token): a 26-token common chat
+# prefix hits 24 tokens, not 16, saving ~25 ms of TTFT per request on the CI machine.
+BLOCK_SIZE = 8
 
 
 def _kv_bytes_per_token(model: L.llama_model_p) -> int:
@@ -102,7 +107,7 @@ class LlamaCppRunner:
         kv_layout: "split" | "unified" | "auto" (split if `max_seqs * seq_tokens` cells fit
             `split_kv_bytes`, else unified).
         split_kv_bytes: KV memory budget of the split layout for "auto", bytes.
-        block_size: tokens per engine block.
+        block_size: tokens per engine block (see BLOCK_SIZE).
         max_batch_tokens: most tokens one `execute` may carry (`n_batch`).
         n_threads: llama.cpp worker threads (default: CPUs available).
         flash_attn: "auto" | "on" | "off".
@@ -119,7 +124,7 @@ class LlamaCppRunner:
         seq_tokens: int = 4096,
         kv_layout: str = "auto",
         split_kv_bytes: int = SPLIT_KV_BYTES,
-        block_size: int = 16,
+        block_size: int = BLOCK_SIZE,
         max_batch_tokens: int = 512,
         n_threads: int | None = None,
         flash_attn: str = "auto",

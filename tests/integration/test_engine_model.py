@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.engine import AsyncEngine, SamplingParams
+from backends.llamacpp.runner import BLOCK_SIZE
 
 PROMPTS = [
     "The capital of France is",
@@ -91,9 +92,10 @@ async def test_repeated_system_prompt_served_from_prefix_cache(engine):
     first_tokens, first_text, first = await collect(engine, prompt, greedy(16))
     second_tokens, second_text, second = await collect(engine, prompt, greedy(16))
     assert first.metrics.cached_tokens == 0
-    # all full blocks but the one holding the last prompt token (llama.cpp: 8-token blocks)
-    assert engine.runner.block_size == 8
-    assert second.metrics.cached_tokens == (len(prompt) - 1) // 8 * 8
+    # all full blocks but the one holding the last prompt token
+    bs = engine.runner.block_size
+    assert bs == BLOCK_SIZE == 8
+    assert second.metrics.cached_tokens == (len(prompt) - 1) // bs * bs
     assert second_tokens == first_tokens and second_text == first_text
 
 

@@ -51,7 +51,7 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def workload(embedded_model_path):
-    runner = LlamaCppRunner(embedded_model_path, max_seqs=1, kv_tokens=256)
+    runner = LlamaCppRunner(embedded_model_path, max_seqs=1, kv_tokens=256, block_size=16)
     tok = runner.tokenizer
     prompts = []
     for i, question in enumerate(QUESTIONS):
@@ -65,7 +65,7 @@ def workload(embedded_model_path):
 def make_engine(path: str, prefix_caching: bool, kv_layout: str = "unified") -> LLMEngine:
     # 24 blocks of 16 tokens and 4 slots: too small to keep everything, so blocks are
     # evicted, slots are reused and running requests get preempted
-    runner = LlamaCppRunner(path, max_seqs=4, kv_tokens=24 * 16, seq_tokens=256,
+    runner = LlamaCppRunner(path, max_seqs=4, kv_tokens=24 * 16, seq_tokens=256, block_size=16,
                             kv_layout=kv_layout, max_batch_tokens=128, n_threads=2)
     assert runner.kv_layout == kv_layout
     config = EngineConfig(context_length=256, enable_prefix_caching=prefix_caching,
@@ -107,7 +107,7 @@ def test_prefix_cache_under_pressure_decodes_what_the_model_predicts(embedded_mo
 def test_runner_bookkeeping_after_release_and_evict(embedded_model_path):
     from backends.base import BatchItem
 
-    runner = LlamaCppRunner(embedded_model_path, max_seqs=2, kv_tokens=8 * 16,
+    runner = LlamaCppRunner(embedded_model_path, max_seqs=2, kv_tokens=8 * 16, block_size=16,
                             kv_layout="unified", n_threads=2)
     tokens = list(range(1000, 1040))  # 40 tokens: blocks 5, 6 full, block 7 partial
     runner.execute([BatchItem(0, tokens, 0, [5, 6, 7], [39])])
@@ -132,6 +132,7 @@ def test_split_layout_copies_prefixes_between_streams(embedded_model_path):
     from backends.base import BatchItem
 
     runner = LlamaCppRunner(embedded_model_path, max_seqs=3, seq_tokens=256, kv_layout="split",
+                            block_size=16,
                             n_threads=2)
     assert (runner.num_blocks, runner.max_seq_tokens) == (3 * 256 // 16, 256)
     tokens = list(range(1000, 1040))  # blocks 5, 6 full, block 7 partial

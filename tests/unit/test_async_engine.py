@@ -32,3 +32,24 @@ async def test_requests_arriving_together_share_the_first_step():
     assert planned(runner, 1) == [(0, 3, 1, [0]), (1, 4, 1, [0]), (2, 2, 1, [0])]
     assert len(runner.steps) == 2
 
+
+
+async def test_a_cancellation_ends_the_arrival_wait():
+    runner, eng = make(budget=64)
+    engine = AsyncEngine(eng, "fake", "fake")
+    engine.arrival_gap_s, engine.arrival_window_s = 2.0, 10.0  # without the early end: >= 2 s
+    loop = asyncio.get_running_loop()
+    try:
+        kept = engine.submit([1, 2, 3], greedy(2))
+        dropped = engine.submit([10, 11], greedy(2))
+        start = loop.time()
+        dropped.cancel()
+        ends = [out async for out in dropped]
+        waited = loop.time() - start
+        tokens = [t async for out in kept for t in out.token_ids]
+    finally:
+        engine.shutdown()
+    assert [(o.finish_reason, o.token_ids) for o in ends] == [("abort", [])]
+    assert waited < 1.0
+    assert tokens == [4, 5]
+    assert planned(runner, 0) == [(0, 0, 3, [2])]
