@@ -6,6 +6,7 @@ the event loop, including the reply stream, which is an async worker so Esc can 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ from tui.widgets.sidebar import ChatList
 from tui.widgets.status import StatusBar
 
 STATUS_REFRESH_S = 0.2  # live tok/s refresh period while streaming
+QUIT_WAIT_S = 5.0  # longest Ctrl+Q waits for a stopped reply to be stored
 
 _NOTES = {"abort": "stopped", "length": "cut off: max tokens or context reached"}
 
@@ -411,8 +413,15 @@ class ChatApp(ChatActions, App[int]):
             self.exit(0)
 
     async def action_quit(self) -> None:
+        """Ctrl+Q: a streaming reply is stopped and stored (partial, marked stopped) first."""
         if self._reply is not None:
             self._reply.cancel()
+            worker = self._reply_worker
+            if worker is not None:
+                try:  # bounded: a backend that never ends its stream must not block quitting
+                    await asyncio.wait_for(worker.wait(), QUIT_WAIT_S)
+                except (TimeoutError, WorkerFailed, WorkerCancelled):
+                    pass
         self.exit(0)
 
     def action_new_chat(self) -> None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.server import routes_chat, routes_completions, routes_misc
-from app.server.auth import require_api_key
+from app.server.auth import APIKeyMiddleware
 from app.server.context import ServerContext
 from app.server.errors import install_error_handlers
 from app.server.metrics import ServerMetrics
@@ -62,13 +62,13 @@ def create_app(
     app.state.ctx = ServerContext(
         engine=engine, model_name=name, aliases=frozenset(aliases), metrics=metrics
     )
-    app.state.api_key = api_key or None
     install_error_handlers(app)
-    guarded = [Depends(require_api_key)]
-    app.include_router(routes_chat.router, dependencies=guarded)
-    app.include_router(routes_completions.router, dependencies=guarded)
-    app.include_router(routes_misc.router, dependencies=guarded)
+    app.include_router(routes_chat.router)
+    app.include_router(routes_completions.router)
+    app.include_router(routes_misc.router)
     app.include_router(routes_misc.public)
+    if api_key:  # added first: innermost, so CORS answers preflights without a key
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
     origins = list(cors_origins)
     if origins:
         app.add_middleware(

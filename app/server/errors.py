@@ -89,11 +89,13 @@ def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
     return "".join(parts) or None
 
 
-def validation_error(errors: list[dict[str, Any]]) -> APIError:
+def validation_error(errors: list[dict[str, Any]], content_type: str = "") -> APIError:
     """Turn pydantic/FastAPI validation errors into one 400 naming the first bad field.
 
     Errors of one union-typed field (e.g. `prompt`) come as several entries whose locations
-    carry the tried member types; the field path is their common prefix.
+    carry the tried member types; the field path is their common prefix. `content_type` is
+    the request's: a body that is not an object because it was not sent as JSON (curl's `-d`
+    says form data) gets a message saying so.
     """
     if not errors:
         return bad_request("Invalid request body.")
@@ -107,6 +109,9 @@ def validation_error(errors: list[dict[str, Any]]) -> APIError:
     if loc and loc[0] == "body":
         loc = loc[1:]
     if not loc:  # the body as a whole is missing or not an object
+        if content_type and "json" not in content_type.lower():
+            return bad_request("The request body must be a JSON object sent with 'Content-Type: "
+                               f"application/json' (this request said '{content_type}').")
         return bad_request("The request body must be a JSON object: " + str(first.get("msg", "")))
     group = [tuple(e.get("loc", ()))[1:] for e in errors if tuple(e.get("loc", ()))[1:2] == loc[:1]]
     prefix = list(loc)
@@ -134,7 +139,8 @@ async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return validation_error(list(exc.errors())).response()
+    return validation_error(list(exc.errors()),
+                            request.headers.get("content-type", "")).response()
 
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:

@@ -11,7 +11,7 @@ Extensions beyond OpenAI, as llama-server and vLLM accept them: `top_k`, `min_p`
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -38,7 +38,7 @@ class ContentPart(_Body):
 class ChatMessage(_Body):
     """A chat message: `content` is a string, a list of text parts, or null (assistant)."""
 
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]  # OpenAI's roles
     content: str | list[ContentPart] | None = None
     name: str | None = None
 

@@ -40,6 +40,7 @@ def _error(r: httpx.Response) -> dict:
         ({"messages": []}, "messages"),
         ({}, "messages"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
         ({"messages": MSGS, "top_logprobs": 2}, "top_logprobs"),
     ],
 )
@@ -112,6 +113,27 @@ def test_api_key(server: Server) -> None:
     assert httpx.get(f"{server.url}/metrics", timeout=10).status_code == 200
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="bad", max_retries=0).models.list()
+    # the key is checked before the body: a keyless client learns nothing about validation
+    unparsable = httpx.post(f"{server.url}/v1/chat/completions", content=b"{bad", timeout=10,
+                            headers={"Authorization": "Bearer nope",
+                                     "Content-Type": "application/json"})
+    assert unparsable.status_code == 401 and _error(unparsable)["code"] == "invalid_api_key"
+
+
+def test_form_encoded_body_is_told_to_send_json(server: Server) -> None:
+    # what `curl -d '{...}'` sends without -H 'Content-Type: application/json'
+    r = httpx.post(f"{server.url}/v1/chat/completions", timeout=10,
+                   content=b'{"messages": [{"role": "user", "content": "hi"}]}',
+                   headers={**server.headers(),
+                            "Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400
+    assert _error(r) == {
+        "message": "The request body must be a JSON object sent with 'Content-Type: "
+                   "application/json' (this request said 'application/x-www-form-urlencoded').",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
 
 
 def test_unknown_model_and_route(server: Server, client: openai.OpenAI) -> None:

@@ -167,17 +167,21 @@ async def test_model_missing_is_shown_not_crashed(make_app, db_path):
     store.close()
 
 
-async def test_stop_then_quit_exits_cleanly(make_app):
+async def test_quit_while_streaming_stores_the_partial_reply(make_app):
     engine = FakeEngine(["a b c d e f g"])
     engine.hold()
     app = make_app(engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await send(pilot, "go")
-        await wait_until(pilot, lambda: app.busy)
+        await wait_until(pilot, lambda: app.busy and app.conversation.messages()[-1].text)
+        chat_id = app.chat.id
         await pilot.press("ctrl+q")
     assert app.return_code == 0
-    assert engine.cancelled
+    assert engine.cancelled == ["req-1"]
+    stored = app.store.messages(chat_id)
+    assert [(m.role, m.content) for m in stored] == [("user", "go"), ("assistant", "a")]
+    assert stored[-1].meta["finish_reason"] == "abort"
 
 
 async def test_ctrl_c_stops_a_reply_then_quits(make_app):
