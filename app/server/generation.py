@@ -278,6 +278,8 @@ async def _merge(
                 t.cancel()
     finally:
         for s in streams:
+            if metrics is not None and not s.finished:  # client gone or a sibling failed
+                metrics.observe_finished("abort", None)
             s.cancel()
 
 

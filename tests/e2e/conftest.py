@@ -63,12 +63,15 @@ class Server:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def metric(self, name: str) -> float:
-        """One sample of `/metrics` (a metric without labels)."""
+    def metric(self, name: str, default: float | None = None) -> float:
+        """One sample of `/metrics`: `name` with its labels as exposed, e.g.
+        `tandem_requests_finished_total{finish_reason="stop"}`; `default` if absent."""
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
         for line in text.splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[1])
+        if default is not None:
+            return default
         raise KeyError(name)
 
 

@@ -74,6 +74,8 @@ def _wait_blocks(server: Server, baseline: float, timeout: float = 10.0) -> floa
 
 def test_stream_disconnect_frees_blocks(server: Server) -> None:
     baseline = server.metric("tandem_kv_blocks_used")
+    aborted = 'tandem_requests_finished_total{finish_reason="abort"}'
+    aborts = server.metric(aborted, default=0.0)
     body = {
         "model": server.model,
         "prompt": "Once upon a time",
@@ -97,6 +99,7 @@ def test_stream_disconnect_frees_blocks(server: Server) -> None:
     # the response context closed the connection mid-stream
     assert _wait_blocks(server, baseline) == baseline
     assert server.metric("tandem_requests_running") == 0
+    assert server.metric(aborted) == aborts + 1
 
 
 def test_non_stream_disconnect_frees_blocks(server: Server) -> None:
