@@ -65,6 +65,11 @@ def response_head(ctx: ServerContext, id_prefix: str, model: str) -> dict[str, A
             "model": model, "system_fingerprint": f"tandem-{backend}"}
 
 
+def envelope(head: dict[str, Any], object_name: str) -> dict[str, Any]:
+    """`head` with OpenAI's `object` field, in OpenAI's key order (`id`, `object`, ...)."""
+    return {"id": head["id"], "object": object_name, **head}
+
+
 async def respond(
     request: Request,
     ctx: ServerContext,

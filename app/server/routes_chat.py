@@ -28,7 +28,13 @@ from app.server.generation import (
     usage,
 )
 from app.server.logprobs import chat_content
-from app.server.responses import Choice, respond, response_head, stream_chunks
+from app.server.responses import (
+    Choice,
+    envelope,
+    respond,
+    response_head,
+    stream_chunks,
+)
 from app.server.schemas import ChatCompletionRequest, ChatMessage
 
 router = APIRouter()
@@ -120,13 +126,7 @@ def _completion(
                 "finish_reason": s.finish_reason,
             }
         )
-    return {
-        "id": head["id"],
-        "object": "chat.completion",
-        **head,
-        "choices": choices,
-        "usage": usage(states),
-    }
+    return {**envelope(head, "chat.completion"), "choices": choices, "usage": usage(states)}
 
 
 def _chunks(
@@ -150,7 +150,7 @@ def _chunks(
         return None
 
     return stream_chunks(
-        ctx, streams, jobs, {"id": head["id"], "object": "chat.completion.chunk", **head},
+        ctx, streams, jobs, envelope(head, "chat.completion.chunk"),
         include_usage,
         opening=lambda pos, job: choice(job.index, {"role": "assistant", "content": ""}),
         content=content,

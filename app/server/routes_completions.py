@@ -30,7 +30,13 @@ from app.server.generation import (
     usage,
 )
 from app.server.logprobs import LegacyLogprobs, merge_legacy
-from app.server.responses import Choice, respond, response_head, stream_chunks
+from app.server.responses import (
+    Choice,
+    envelope,
+    respond,
+    response_head,
+    stream_chunks,
+)
 from app.server.schemas import CompletionRequest
 
 router = APIRouter()
@@ -130,13 +136,7 @@ def _completion(
                 "finish_reason": s.finish_reason,
             }
         )
-    return {
-        "id": head["id"],
-        "object": "text_completion",
-        **head,
-        "choices": choices,
-        "usage": usage(states),
-    }
+    return {**envelope(head, "text_completion"), "choices": choices, "usage": usage(states)}
 
 
 def _chunks(
@@ -168,7 +168,7 @@ def _chunks(
         return choice(state.job.index, out.text, lp) if out.text or lp is not None else None
 
     return stream_chunks(
-        ctx, streams, jobs, {"id": head["id"], "object": "text_completion", **head},
+        ctx, streams, jobs, envelope(head, "text_completion"),
         include_usage, opening=opening, content=content,
         last=lambda state: choice(state.job.index, "", finish=state.finish_reason),
     )

@@ -144,11 +144,17 @@ def test_stop_at_eos_and_context_limit():
     assert outs[-1].finish_reason == "stop"
 
 
+def two_sharing_a_system_prompt(budget, max_tokens):
+    """Requests a and b whose prompts share 4 blocks of 4 tokens, then 2 tokens of their own."""
+    runner, eng = make(block_size=4, budget=budget)
+    system = list(range(1, 17))
+    eng.add_request("a", system + [50, 51], greedy(max_tokens))
+    eng.add_request("b", system + [60, 61], greedy(max_tokens))
+    return runner, eng
+
+
 def test_waits_for_inflight_shared_prefix_instead_of_recomputing_it():
-    runner, eng = make(block_size=4, budget=12)
-    system = list(range(1, 17))  # 4 blocks shared by both prompts
-    eng.add_request("a", system + [50, 51], greedy(1))
-    eng.add_request("b", system + [60, 61], greedy(1))
+    runner, eng = two_sharing_a_system_prompt(budget=12, max_tokens=1)
     eng.step()
     # a takes the whole budget for 12 of its 18 tokens; b waits
     assert planned(runner) == [(0, 0, 12, [])]
@@ -162,10 +168,7 @@ def test_waits_for_inflight_shared_prefix_instead_of_recomputing_it():
 
 
 def test_admitted_in_the_same_step_waits_for_the_shared_prefix_too():
-    runner, eng = make(block_size=4, budget=64)
-    system = list(range(1, 17))  # 4 blocks shared by both prompts
-    eng.add_request("a", system + [50, 51], greedy(2))
-    eng.add_request("b", system + [60, 61], greedy(2))
+    runner, eng = two_sharing_a_system_prompt(budget=64, max_tokens=2)
     eng.step()
     # budget for both, but b would compute a's 4 blocks again: only a is admitted
     assert planned(runner) == [(0, 0, 18, [17])]
