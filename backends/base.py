@@ -12,7 +12,7 @@ idle cached prefixes saved to host memory).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -78,21 +78,31 @@ def shared_pool_tokens(seq_tokens: int) -> int:
     return max(2 * seq_tokens, 16384)
 
 
-class Runner(Protocol):
-    """A model runner: executes batched steps and manages per-slot KV."""
+@dataclass(frozen=True, slots=True)
+class RunnerCapabilities:
+    """What a runner can do exactly; the engine never relies on a missing capability.
 
-    info: ModelInfo
-    tokenizer: Tokenizer
-    max_seqs: int  # slots available
-    num_blocks: int  # KV capacity in blocks
-    block_size: int  # tokens per block
-    max_seq_tokens: int  # most KV tokens one slot can hold
+    exact_truncate: after `truncate(slot, n)` the slot's KV equals that of a sequence that
+        never computed positions >= n, so recomputing them gives bit-identical logits. The
+        engine speculates (computes drafts it may roll back) only on such runners.
+    kv_transfer: `export_kv`/`import_kv` (`SupportsKVTransfer`) are implemented.
+    """
 
-    def execute(self, items: list[BatchItem]) -> np.ndarray:
-        """Compute one step; returns float32 logits `[sum(len(i.logits_indices)), n_vocab]`,
-        rows in item order, then index order. The array may be a view valid until the next call.
-        Raises RuntimeError if the backend fails."""
-        ...
+    exact_truncate: bool = False
+    kv_transfer: bool = False
+
+
+class KVResidency(Protocol):
+    """Where cached prefixes live, as the scheduler and block manager tell it.
+
+    One interface so that a second runner (a draft model) can receive the same calls as the
+    target (`app.engine.residency.CompositeResidency`). Invariants:
+    - every call comes from the engine's step thread;
+    - `share_blocks` may answer fewer blocks than asked only where blocks are accounting
+      (llama.cpp); the engine then recomputes the rest into the same, already allocated,
+      blocks;
+    - `truncate(slot, n)` drops positions >= n of that slot and nothing else.
+    """
 
     def share_blocks(self, slot: int, block_ids: list[int]) -> int:
         """Make cached blocks (already computed, possibly by other slots) the first blocks
@@ -111,8 +121,93 @@ class Runner(Protocol):
         ...
 
     def truncate(self, slot: int, n_tokens: int) -> None:
-        """Keep only the first `n_tokens` positions of `slot` (rolls back rejected drafts)."""
+        """Keep only the first `n_tokens` positions of `slot` (rolls back rejected drafts).
+        Exact only where `capabilities.exact_truncate` says so."""
+        ...
+
+
+class ModelRunner(Protocol):
+    """Executes batched steps of one model: facts, tokenizer, sizes, `execute`."""
+
+    info: ModelInfo
+    tokenizer: Tokenizer
+    capabilities: RunnerCapabilities
+    max_seqs: int  # slots available
+    num_blocks: int  # KV capacity in blocks
+    block_size: int  # tokens per block
+    max_seq_tokens: int  # most KV tokens one slot can hold
+
+    def execute(self, items: list[BatchItem]) -> np.ndarray:
+        """Compute one step; returns float32 logits `[sum(len(i.logits_indices)), n_vocab]`,
+        rows in item order, then index order. The array may be a view valid until the next call.
+        Raises RuntimeError if the backend fails."""
         ...
 
     def close(self) -> None:
         ...
+
+
+class Runner(ModelRunner, KVResidency, Protocol):
+    """What the engine drives: a model runner that also keeps its slots' KV residency."""
+
+
+# Per layer (K, V), each `[tokens, kv_heads, head_dim]` float16, rotary embedding applied in
+# the rotate-half (Hugging Face) convention: DESIGN.md's backend-neutral KV layout.
+LayerKV = tuple[np.ndarray, np.ndarray]
+
+
+@runtime_checkable
+class SupportsKVTransfer(Protocol):
+    """KV export/import in the neutral layout (`LayerKV`), for the two-box mode. A runner
+    implementing it sets `capabilities.kv_transfer`."""
+
+    def export_kv(self, slot: int, block_table: list[int], start: int, n: int) -> list[LayerKV]:
+        """K/V of positions `start .. start+n-1` of `slot`, one `LayerKV` per layer.
+        Raises ValueError if `block_table` does not cover them."""
+        ...
+
+    def import_kv(self, slot: int, block_table: list[int], start: int,
+                  kv: list[LayerKV]) -> None:
+        """Write per-layer K/V into positions `start ..` of `slot` (blocks of `block_table`).
+        Raises ValueError on a layer count or shape mismatch."""
+        ...
+
+
+@dataclass(slots=True)
+class RunnerConfig:
+    """How to build a runner; one default for every entry point.
+
+    Args:
+        max_seqs: sequence slots (requests decoded together).
+        seq_tokens: most tokens one sequence holds (context window per sequence).
+        kv_tokens: KV tokens the engine's block pool accounts for (None: the runner's
+            default, see `shared_pool_tokens`; llama.cpp split `max_seqs * seq_tokens`).
+        kv_layout: llama.cpp: "split" | "unified" | "auto".
+        block_size: tokens per engine block (None: the runner's own default).
+        max_batch_tokens: most tokens one `execute` carries.
+        n_threads: CPU threads (None: all available).
+        flash_attn: llama.cpp: "auto" | "on" | "off".
+    Raises ValueError (in `__post_init__`) for values out of range.
+    """
+
+    max_seqs: int = 32
+    seq_tokens: int = 8192
+    kv_tokens: int | None = None
+    kv_layout: str = "auto"
+    block_size: int | None = None
+    max_batch_tokens: int = 512
+    n_threads: int | None = None
+    flash_attn: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("max_seqs", "seq_tokens", "max_batch_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        for name in ("kv_tokens", "block_size", "n_threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.kv_layout not in ("auto", "split", "unified"):
+            raise ValueError(f"kv_layout must be auto, split or unified, not {self.kv_layout!r}")
+        if self.flash_attn not in ("auto", "on", "off"):
+            raise ValueError(f"flash_attn must be auto, on or off, not {self.flash_attn!r}")

@@ -38,8 +38,9 @@ Message = dict[str, Any]
 Segment = tuple[str, bool]  # (text, is_content)
 
 
-class ChatTemplateError(Exception):
-    """The template failed to compile or render; the message carries jinja's reason."""
+class ChatTemplateError(ValueError):
+    """The template failed to compile or render; the message carries jinja's reason. A
+    ValueError: it is the request's (or the model's template's) fault, answered with a 400."""
 
 
 def render(

@@ -29,6 +29,7 @@ __all__ = [
     "ModelStoreError",
     "is_present",
     "is_verified",
+    "mlx_conversion_dir",
     "model_path",
     "pull",
     "resolve_model",
@@ -54,6 +55,14 @@ def model_path(name: str) -> Path:
         ModelNotFoundError: `name` is not in the registry.
     """
     return store_dir() / get_entry(name).filename
+
+
+def mlx_conversion_dir(gguf_path: str | Path, dtype: str = "float16",
+                       quantize_bits: int | None = None) -> Path:
+    """Where the store keeps the MLX conversion of `gguf_path` (it may not exist yet):
+    `<store>/mlx/<gguf stem>-<dtype>[-q<bits>]/`. A path only; nothing is read."""
+    suffix = f"-q{quantize_bits}" if quantize_bits else ""
+    return store_dir() / "mlx" / f"{Path(gguf_path).stem}-{dtype}{suffix}"
 
 
 def is_present(name: str) -> bool:

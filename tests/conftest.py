@@ -1,41 +1,76 @@
-"""Shared fixtures: the embedded model (fetched into the store if missing)."""
+"""Shared fixtures and the test tiers.
+
+The embedded model (`embedded_model`) has one policy: it is there when `installers/install.sh`
+installed it; when it is missing its tests skip with the `tandem models pull` hint, unless
+`TANDEM_FETCH_TEST_MODELS=1`, which fetches it into the store.
+
+Markers (registered in pyproject.toml), applied here by directory and fixture:
+- `model`: needs the embedded model (every test using one of `MODEL_FIXTURES`, everything in
+  tests/integration, the e2e tests on the real server); `pytest -m "not model"` is a run
+  without a model;
+- `mlx`: tests of the MLX backend (tests/mlx; those that need mlx itself skip without it);
+- `slow`: long diagnostics, set on the test itself.
+"""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+
+TESTS = Path(__file__).resolve().parent
+MODEL_FIXTURES = {
+    "embedded_model", "embedded_model_path", "reference_llama", "gguf_path", "qwen_path",
+}
+
+
+def store_model(name: str) -> Path:
+    """Path of registry model `name` in the model store, by the one policy above: skip when
+    it is missing, unless TANDEM_FETCH_TEST_MODELS=1 (then fetch it)."""
+    from models.store import is_present, model_path, pull, store_dir
+
+    if is_present(name):
+        return model_path(name)
+    if os.environ.get("TANDEM_FETCH_TEST_MODELS") == "1":
+        return pull(name)
+    pytest.skip(f"{name} is not in the model store ({store_dir()}): run "
+                f"`tandem models pull {name}`, or set TANDEM_FETCH_TEST_MODELS=1")
 
 
 @pytest.fixture(scope="session")
-def embedded_model_path() -> str:
-    """Path of the embedded default GGUF (SmolLM2-135M-Instruct Q4_1)."""
+def embedded_model() -> Path:
+    """Path of the embedded default GGUF (SmolLM2-135M-Instruct Q4_1) in the model store."""
     from models.registry import DEFAULT_MODEL
-    from models.store import resolve_model
 
-    return str(resolve_model(DEFAULT_MODEL))
+    return store_model(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def embedded_model_path(embedded_model: Path) -> str:
+    """`embedded_model` as a string (the name older tests use)."""
+    return str(embedded_model)
 
 
 @pytest.fixture(scope="session")
 def reference_llama(embedded_model_path):
-    """llama-cpp-python's high-level `Llama` on the embedded model, as the reference.
-
-    Its model loader has no `use_extra_bufts` argument; AMX repacking crashes on CPUs whose
-    kernel refuses AMX tiles, so the default model params are patched while it loads.
-    """
+    """llama-cpp-python's high-level `Llama` on the embedded model, as the reference, loaded
+    with the runner's model params (`backends.llamacpp.runtime.patched_default_params`)."""
     import llama_cpp
-    from llama_cpp import llama as llama_module
 
-    original = llama_cpp.llama_cpp.llama_model_default_params
+    from backends.llamacpp.runtime import patched_default_params
 
-    def patched():
-        params = original()
-        params.use_extra_bufts = False
-        return params
-
-    llama_module.llama_cpp.llama_model_default_params = patched
-    try:
+    with patched_default_params():
         llm = llama_cpp.Llama(embedded_model_path, n_ctx=2048, n_batch=512, n_threads=2,
                               flash_attn=True, verbose=False)
-    finally:
-        llama_module.llama_cpp.llama_model_default_params = original
     yield llm
     llm.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        if TESTS / "integration" in path.parents or MODEL_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.model)
+        if TESTS / "mlx" in path.parents:
+            item.add_marker(pytest.mark.mlx)

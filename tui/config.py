@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tui.settings import ChatSettings
+from tui.chat_settings import ChatSettings
 
 
 @dataclass(slots=True)

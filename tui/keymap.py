@@ -73,6 +73,14 @@ def bindings(specs: list[KeySpec]) -> list[Binding]:
     ]
 
 
+def key_for(keymap: dict[str, str], binding_id: str) -> str:
+    """The keys bound to `binding_id` once the user's `keymap` is applied, for hints.
+    Raises StopIteration for an unknown id."""
+    if binding_id in keymap:
+        return keymap[binding_id]
+    return next(s.keys for s in ALL_KEYS if s.id == binding_id)
+
+
 def effective_keys(keymap: dict[str, str]) -> list[tuple[str, str, str]]:
     """(keys, description, id) of every binding after applying the user's `keymap`."""
     return [(keymap.get(s.id, s.keys), s.description, s.id) for s in ALL_KEYS]

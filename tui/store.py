@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tui.settings import ChatSettings
+from tui.chat_settings import ChatSettings
 
 MIGRATIONS: list[str] = [
     # 0 -> 1: chats with JSON settings, messages in insertion order, key/value prefs.

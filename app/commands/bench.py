@@ -26,7 +26,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vs-mlx-lm", action="store_true",
                    help="with --backend mlx: compare against mlx-lm's stream_generate and "
                         "BatchGenerator (at the largest --concurrency level) on the same "
-                        "converted model, plus prefix-hit TTFT (app/bench_mlx.py)")
+                        "converted model, plus prefix-hit TTFT (app/bench/mlx.py)")
+    p.add_argument("--workload", default=None,
+                   help="speculative-decoding benchmark: comma-separated workloads "
+                        "(code-edit, prediction, free); --spec is then a comma-separated "
+                        "list of modes, each compared with off in the same run "
+                        "(app/bench/spec.py)")
     p.add_argument("--url", help="benchmark an OpenAI-compatible server instead (HTTP)")
     p.add_argument("--api-key", default=None, help="with --url")
     p.set_defaults(func=main)
@@ -41,9 +46,11 @@ def main(args: argparse.Namespace) -> int:
         return fail("--concurrency levels must be >= 1")
     if args.vs_mlx_lm and (args.backend != "mlx" or args.url):
         return fail("--vs-mlx-lm needs --backend mlx and no --url")
+    if args.workload:
+        return _spec(args, levels)
     try:
         if args.vs_mlx_lm:
-            from app.bench_mlx import run_comparison
+            from app.bench.mlx import run_comparison
 
             run_comparison(args.model, args.prompt_tokens, args.max_tokens, max(levels),
                            seed=args.seed, emit=lambda r: print(json.dumps(r), flush=True))
@@ -55,19 +62,19 @@ def main(args: argparse.Namespace) -> int:
     except user_errors() as exc:
         return fail(str(exc))
     if args.png:
-        from app.bench import plot
+        from app.bench.engine import plot
 
         plot(results, args.png, label=args.url or "tandem")
     return 0
 
 
 async def _local(args: argparse.Namespace, levels: list[int]) -> list[dict]:
-    from app.bench import run_bench
+    from app.bench.engine import run_bench
 
     raw = None
     if args.baseline == "raw":
         # measured first, with the engine not yet loaded
-        from app.bench_raw import raw_decode_tok_s_subprocess
+        from app.bench.llamacpp_raw import raw_decode_tok_s_subprocess
         from models.store import resolve_model
 
         raw = raw_decode_tok_s_subprocess(str(resolve_model(args.model)), levels,
@@ -77,7 +84,7 @@ async def _local(args: argparse.Namespace, levels: list[int]) -> list[dict]:
     try:
         async for result in run_bench(engine, levels, args.requests, args.prompt_tokens,
                                       args.max_tokens, args.shared_prefix_tokens, args.seed):
-            result["kv_layout"] = getattr(engine.engine.runner, "kv_layout", None)
+            result["kv_layout"] = engine.describe()["kv_layout"]
             if raw is not None:
                 c = result["concurrency"]
                 result["raw_decode_tok_s"] = raw[c]
@@ -92,7 +99,7 @@ async def _local(args: argparse.Namespace, levels: list[int]) -> list[dict]:
 
 
 def _http(args: argparse.Namespace, levels: list[int]) -> list[dict]:
-    from app.bench_http import run_http_bench
+    from app.bench.http import run_http_bench
 
     results = []
     for c in levels:
@@ -104,3 +111,37 @@ def _http(args: argparse.Namespace, levels: list[int]) -> list[dict]:
         print(json.dumps(result), flush=True)
         results.append(result)
     return results
+
+
+def _spec(args: argparse.Namespace, levels: list[int]) -> int:
+    from app.bench.spec import WORKLOADS, plot_frontier, run_spec_bench
+    from app.engine.config import SpecConfig
+    from app.spec_profile import step_time_curve
+    from backends.base import RunnerConfig
+    from backends.loader import load_runner
+    from models.store import resolve_model
+
+    workloads = [w for w in args.workload.split(",") if w]
+    if any(w not in WORKLOADS for w in workloads):
+        return fail(f"--workload must be among {', '.join(WORKLOADS)}")
+    modes = [m for m in args.spec.split(",") if m and m != "off"]
+    try:
+        for m in modes:
+            SpecConfig(mode=m, num_draft_tokens=args.num_draft_tokens)
+        path = resolve_model(args.model)
+        # the split layout: output independent of batch shape, so every mode's tokens match
+        runner, backend = load_runner(path, backend=args.backend, config=RunnerConfig(
+            max_seqs=max(levels), seq_tokens=2048, kv_layout="split", n_threads=args.threads))
+    except user_errors() as exc:
+        return fail(str(exc))
+    try:
+        curve, cached = step_time_curve(runner, path, backend)
+        print(json.dumps({"step_time_ratios": curve.ratios(), "t1_ms": round(curve(1) * 1e3, 2),
+                          "cached": cached}), flush=True)
+        results = run_spec_bench(runner, curve, workloads, levels, modes, args.max_tokens,
+                                 emit=lambda r: print(json.dumps(r), flush=True))
+    finally:
+        runner.close()
+    if args.png:
+        plot_frontier(results, args.png)
+    return 0

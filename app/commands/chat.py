@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from app.commands.engine_flags import COMMON, MODEL, add_engine_args, engine_args_from
 from models.registry import DEFAULT_MODEL
+
+ENGINE_FLAGS = tuple(f for f in COMMON if f is not MODEL)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,26 +31,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--system", metavar="TEXT", default=None,
         help="start a new chat with this system prompt",
     )
+    # the engine flags of run/serve/bench, for the in-process engine (--model is above)
+    add_engine_args(parser, ENGINE_FLAGS)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     # Heavy imports stay here so `tandem --help` is fast.
     from tui.app import ChatApp
-    from tui.backend import ChatBackend
+    from tui.client import ChatClient
     from tui.config import load_config
     from tui.paths import config_path, data_dir
     from tui.store import ChatStore, SchemaTooNewError
 
-    backend: ChatBackend
+    backend: ChatClient
     if args.server:
-        from tui.server_backend import ServerBackend
+        from tui.server_client import ServerClient
 
-        backend = ServerBackend(args.server, model=args.model, api_key=args.api_key)
+        backend = ServerClient(args.server, model=args.model, api_key=args.api_key)
     else:
-        from tui.engine_backend import EngineBackend
+        from tui.engine_client import EngineClient, engine_factory
 
-        backend = EngineBackend(args.model or DEFAULT_MODEL)
+        model = args.model or DEFAULT_MODEL
+        try:
+            engine_args = engine_args_from(args, ENGINE_FLAGS, model=model)
+        except ValueError as exc:
+            print(f"tandem chat: {exc}")
+            return 2
+        backend = EngineClient(model, factory=engine_factory(engine_args))
     path = config_path()
     try:
         store = ChatStore(data_dir() / "chats.db")

@@ -5,18 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from models.registry import DEFAULT_MODEL
+from app.commands.engine_flags import add_engine_args, engine_args_from, positive_int
 
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+__all__ = ["add_model_args", "fail", "load_engine", "port_number", "positive_int",
+           "user_errors"]
 
 
 def port_number(text: str) -> int:
@@ -28,32 +20,18 @@ def port_number(text: str) -> int:
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", "-m", default=DEFAULT_MODEL,
-                        help=f"registry name or path to a .gguf (default: {DEFAULT_MODEL})")
-    parser.add_argument("--backend", choices=["llamacpp", "mlx"], default=None,
-                        help="override automatic backend selection")
-    parser.add_argument("--ctx-size", type=positive_int, default=8192,
-                        help="context window per sequence, tokens (default: 8192)")
-    parser.add_argument("--threads", type=positive_int, default=None,
-                        help="llama.cpp threads (default: all available CPUs)")
-    add_kv_layout_arg(parser)
+    """The engine flags every model-loading command takes (`engine_flags.COMMON`)."""
+    add_engine_args(parser)
 
 
-def add_kv_layout_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kv-layout", choices=["auto", "split", "unified"], default="auto",
-                        help="llama.cpp KV cache: a stream per sequence (split: faster decode, "
-                             "concurrency x ctx-size cells allocated up front) or one shared "
-                             "pool (unified); auto picks split when that fits 2 GiB")
+def load_engine(args: argparse.Namespace, max_seqs: int | None = None, **overrides):
+    """Load the engine for parsed flags; `max_seqs` overrides the batch size. Raises the
+    store's and backend's errors unchanged."""
+    from app.loader import load_engine as load
 
-
-def load_engine(args: argparse.Namespace, max_seqs: int = 32, **kwargs):
-    """Load the engine for `args`; raises the store's and backend's errors unchanged."""
-    from app.engine import AsyncEngine
-
-    return AsyncEngine.from_model(
-        args.model, n_ctx=args.ctx_size, max_seqs=max_seqs, threads=args.threads,
-        backend=args.backend, kv_layout=args.kv_layout, **kwargs,
-    )
+    if max_seqs is not None:
+        overrides["runner__max_seqs"] = max_seqs
+    return load(engine_args_from(args, **overrides))
 
 
 def fail(message: str) -> int:

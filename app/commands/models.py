@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from models.convert import convert_gguf_to_mlx
+    from backends.mlx.convert import convert_gguf_to_mlx
     from models.store import resolve_model
 
     out = convert_gguf_to_mlx(resolve_model(args.name), dtype=args.dtype,

@@ -35,6 +35,7 @@ def main(args: argparse.Namespace) -> int:
 
 async def _run(args: argparse.Namespace) -> int:
     from app.engine import SamplingParams
+    from app.prompts import chat_prompt_ids, raw_prompt_ids
 
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -43,11 +44,11 @@ async def _run(args: argparse.Namespace) -> int:
     engine = load_engine(args, max_seqs=1)
     try:
         if args.raw:
-            prompt_ids = engine.encode_prompt(args.prompt)
+            prompt_ids = raw_prompt_ids(engine.tokenizer, args.prompt)
         else:
             messages = [{"role": "system", "content": args.system}] if args.system else []
             messages.append({"role": "user", "content": args.prompt})
-            prompt_ids = engine.apply_chat_template(messages)
+            prompt_ids = chat_prompt_ids(engine.tokenizer, messages)
         out = None
         async for out in engine.generate(prompt_ids, params):
             if out.text:
@@ -66,8 +67,13 @@ def _summary(m, finish_reason: str | None) -> str:
     def fmt(value, unit, scale=1.0, digits=0):
         return "n/a" if value is None else f"{value * scale:.{digits}f} {unit}"
 
+    spec = ""
+    if m.num_draft_tokens:
+        spec = (f" · drafts accepted {m.num_accepted_tokens}/{m.num_draft_tokens} "
+                f"({m.acceptance_rate:.0%}), {m.mean_accepted_length:.2f} per step")
     return (
         f"TTFT {fmt(m.ttft, 'ms', 1000)} · prefill {fmt(m.prefill_tok_s, 'tok/s')} · "
         f"decode {fmt(m.decode_tok_s, 'tok/s', digits=1)} · prefix-cached {m.cached_tokens} tokens · "
         f"{m.prompt_tokens} prompt + {m.completion_tokens} generated tokens ({finish_reason})"
+        + spec
     )

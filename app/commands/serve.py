@@ -12,7 +12,15 @@ import os
 import sys
 from pathlib import Path
 
-from app.commands.common import add_kv_layout_arg, port_number, positive_int
+from app.commands.common import port_number
+from app.commands.engine_flags import (
+    COMMON,
+    MAX_CONCURRENCY,
+    MAX_QUEUE,
+    add_engine_args,
+    engine_args_from,
+)
+from app.config import EngineArgs
 from models.registry import DEFAULT_MODEL
 
 
@@ -23,9 +31,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, "
         "/v1/completions, /v1/models, /health, /metrics).",
     )
-    p.add_argument(
-        "--model", "-m", default=None, help=f"registry name or .gguf path (default {DEFAULT_MODEL})"
-    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=port_number, default=8000, help="TCP port (default 8000)")
     p.add_argument(
@@ -33,26 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="require 'Authorization: Bearer KEY' on /v1 routes (default: $TANDEM_API_KEY)",
     )
-    p.add_argument(
-        "--max-concurrency",
-        type=int,
-        default=None,
-        metavar="N",
-        help="sequences decoded together in one batch (engine default when unset)",
-    )
-    p.add_argument(
-        "--max-queue",
-        type=int,
-        default=256,
-        metavar="N",
-        help="sequences allowed to wait for a batch slot; beyond that requests get 503 (default 256)",
-    )
-    p.add_argument(
-        "--ctx-size", type=positive_int, default=8192, help="context window in tokens (default 8192)"
-    )
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="CPU threads for the backend")
-    add_kv_layout_arg(p)
+    add_engine_args(p, COMMON + (MAX_CONCURRENCY, MAX_QUEUE),
+                    defaults=EngineArgs(model=os.environ.get("TANDEM_MODEL") or DEFAULT_MODEL))
     p.add_argument(
         "--cors-origin",
         nargs="+",
@@ -84,21 +71,13 @@ def model_aliases(spec: str, engine_name: str) -> set[str]:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app.engine import AsyncEngine
+    from app.loader import load_engine
     from app.server.app import create_app
 
-    spec = args.model or os.environ.get("TANDEM_MODEL") or DEFAULT_MODEL
+    spec = args.model
     api_key = args.api_key if args.api_key is not None else os.environ.get("TANDEM_API_KEY")
-    engine_kwargs: dict[str, object] = {"n_ctx": args.ctx_size, "threads": args.threads,
-                                        "kv_layout": args.kv_layout}
-    if args.max_concurrency is not None:
-        if args.max_concurrency < 1:
-            print("tandem serve: --max-concurrency must be at least 1", file=sys.stderr)
-            return 2
-        engine_kwargs["max_seqs"] = args.max_concurrency
-    engine_kwargs["max_waiting"] = max(args.max_queue, 0)
     try:
-        engine = AsyncEngine.from_model(spec, **engine_kwargs)
+        engine = load_engine(engine_args_from(args, COMMON + (MAX_CONCURRENCY, MAX_QUEUE)))
     except Exception as exc:
         if not _is_resolution_error(exc):
             raise
@@ -122,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         )
         server = uvicorn.Server(config)
         shown = f"[{args.host}]" if ":" in args.host else args.host
-        layout = getattr(engine.engine.runner, "kv_layout", None)
+        layout = engine.describe()["kv_layout"]
         print(
             f"tandem: serving {engine.model_name} ({engine.backend_name}, context "
             f"{engine.context_length}" + (f", {layout} KV" if layout else "")

@@ -16,10 +16,8 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
-from app.engine.engine import EngineConfig, LLMEngine
-from app.engine.scheduler import SchedulerConfig
+from app.engine.engine import LLMEngine
 from app.engine.types import (
     EngineOverloadedError,
     EngineStats,
@@ -66,12 +64,12 @@ class RequestStream:
 class AsyncEngine:
     """Asynchronous front of the engine, shared by the CLI, the server and the TUI.
 
-    See `from_model` to load a model. Methods other than `submit`/`generate` are
-    thread-safe and need no event loop.
+    `app.loader.load_engine` builds one from `EngineArgs`. Methods other than
+    `submit`/`generate` are thread-safe and need no event loop. Admission is bounded by the
+    scheduler's `max_num_seqs + max_waiting` requests in flight.
     """
 
-    def __init__(self, engine: LLMEngine, model_name: str, backend_name: str,
-                 max_waiting: int = 256):
+    def __init__(self, engine: LLMEngine, model_name: str, backend_name: str):
         self.engine = engine
         self.runner: Runner = engine.runner
         self.model_name = model_name
@@ -79,7 +77,7 @@ class AsyncEngine:
         self.info = self.runner.info
         self.tokenizer = self.runner.tokenizer
         self.context_length = engine.context_length
-        self.max_waiting = max_waiting
+        self.max_waiting = engine.config.scheduler.max_waiting
         self.consumer_wait_s = 0.05  # see _deliver
         self.arrival_gap_s = 0.005  # seconds; see _collect_arrivals
         self.arrival_window_s = 0.2  # seconds
@@ -93,84 +91,17 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._loop, name="tandem-step", daemon=True)
         self._thread.start()
 
-    @classmethod
-    def from_model(
-        cls,
-        model: str,
-        *,
-        n_ctx: int = 8192,
-        max_seqs: int = 32,
-        kv_tokens: int | None = None,
-        kv_layout: str = "auto",
-        max_batch_tokens: int = 512,
-        threads: int | None = None,
-        max_waiting: int = 256,
-        backend: str | None = None,
-        enable_prefix_caching: bool = True,
-        flash_attn: str = "auto",
-    ) -> AsyncEngine:
-        """Load `model` (a registry name or a path to a .gguf) and start the step thread.
-
-        Args:
-            n_ctx: context window per sequence, tokens (capped by the model's).
-            max_seqs: requests decoded together.
-            kv_tokens: KV tokens the block pool accounts for (default: unified and MLX
-                max(2*n_ctx, 16384) shared by all sequences; split max_seqs*n_ctx).
-            kv_layout: llama.cpp: "split" (a KV stream of n_ctx tokens per sequence, like
-                llama-server -np), "unified", or "auto" (split when it fits 2 GiB); see
-                backends/llamacpp/runner.py.
-        Raises:
-            FileNotFoundError / models.store.ModelNotFoundError: no such model.
-            ValueError: the backend cannot load it.
-        """
-        from backends.loader import load_runner
-        from models.store import resolve_model
-
-        path = resolve_model(model)
-        runner, backend_name = load_runner(
-            path,
-            backend=backend,
-            max_seqs=max_seqs,
-            kv_tokens=kv_tokens,
-            seq_tokens=n_ctx,
-            kv_layout=kv_layout,
-            max_batch_tokens=max_batch_tokens,
-            n_threads=threads,
-            flash_attn=flash_attn,
-        )
-        config = EngineConfig(
-            context_length=n_ctx,
-            scheduler=SchedulerConfig(
-                max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens,
-                max_waiting=max_waiting,
-            ),
-            enable_prefix_caching=enable_prefix_caching,
-        )
-        name = model if not model.endswith(".gguf") else Path(model).stem
-        return cls(LLMEngine(runner, config), name, backend_name, max_waiting=max_waiting)
-
-    # -- prompts ---------------------------------------------------------------------------
-
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        """Render the model's chat template and tokenize it; message text is tokenized
-        without special-token parsing so it cannot forge role markers."""
-        from models.chat_template import render_segments
-
-        tok = self.tokenizer
-        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
-        eos_id = min(tok.eos_ids) if tok.eos_ids else None
-        eos = tok.token_text(eos_id) if eos_id is not None else ""
-        segments = render_segments(tok.chat_template, messages, bos_token=bos, eos_token=eos,
-                                   add_generation_prompt=add_generation_prompt)
-        ids: list[int] = []
-        for text, is_content in segments:
-            if text:
-                ids.extend(tok.encode(text, add_special=False, parse_special=not is_content))
-        return ids
-
-    def encode_prompt(self, text: str) -> list[int]:
-        """Tokenize a raw prompt (BOS added if the model asks for it; specials parsed)."""
-        return self.tokenizer.encode(text, add_special=True, parse_special=True)
+    def describe(self) -> dict[str, object]:
+        """What serves requests: backend, model, KV layout (llama.cpp), block size, slots."""
+        runner = self.runner
+        return {
+            "backend": self.backend_name,
+            "model": self.model_name,
+            "kv_layout": getattr(runner, "kv_layout", None),
+            "block_size": runner.block_size,
+            "max_seqs": runner.max_seqs,
+            "context_length": self.context_length,
+        }
 
     # -- requests --------------------------------------------------------------------------
 
@@ -262,7 +193,7 @@ class AsyncEngine:
                         break
                     running = self._handle(cmd, outputs)
                 if running and self.engine.has_work():
-                    outputs.extend(self.engine.step())
+                    outputs.extend(self.engine.execute_step().outputs)
                 self._stats = self.engine.stats()
             except Exception as exc:  # noqa: BLE001 - a backend failure ends every stream
                 self._error = exc

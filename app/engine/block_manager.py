@@ -6,7 +6,10 @@ Invariants (tested in tests/unit/test_block_manager.py):
   previous block's hash and this block's token ids), so equal hashes mean equal prefixes;
 - freed blocks keep their hash and stay hittable until evicted, least recently used first;
   blocks with no hash are reused before any cached block;
-- a prefix hit never covers the last token of a request (its logits must be computed).
+- a prefix hit never covers the last token of a request (its logits must be computed);
+- only verified tokens are hashed: `cache_full_blocks` is given at most the request's
+  committed, verified token count, and `shrink` (rollback of rejected drafts) never drops a
+  hashed block.
 
 Design after vLLM v1's `KVCacheManager`/`BlockPool` and nano-vllm's `BlockManager`.
 """
@@ -145,6 +148,37 @@ class BlockManager:
         if need > 0:
             request.block_table.extend(self._take_free_blocks(need))
         return True
+
+    def note_partial_hit(self, num_hit_blocks: int, num_served_blocks: int) -> None:
+        """The runner served only `num_served_blocks` of the `num_hit_blocks` an `allocate`
+        counted as prefix hits (the rest are recomputed into the same blocks): count only
+        those served in `hit_tokens_total`."""
+        if not 0 <= num_served_blocks <= num_hit_blocks:
+            raise ValueError("served blocks must be within the hit")
+        self.hit_tokens_total -= (num_hit_blocks - num_served_blocks) * self.block_size
+
+    def shrink(self, request: Request, num_tokens: int) -> list[int]:
+        """Roll back: keep only the blocks covering positions `0 .. num_tokens-1` and free the
+        tail, last block first. Returns the freed block ids (in the order freed).
+
+        Raises ValueError if that would drop a block registered in the prefix cache (only
+        unverified positions, rejected drafts, may be rolled back).
+        """
+        keep = self.blocks_needed(num_tokens)
+        if keep < request.num_hashed_blocks:
+            raise ValueError("cannot roll back verified, cached blocks")
+        freed = []
+        while len(request.block_table) > keep:
+            block_id = request.block_table.pop()
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                # unhashed: reused before any cached block
+                block.block_hash = None
+                self.free_queue[block_id] = None
+                self.free_queue.move_to_end(block_id, last=False)
+            freed.append(block_id)
+        return freed
 
     def _take_free_blocks(self, n: int) -> list[int]:
         taken = [self.free_queue.popitem(last=False)[0] for _ in range(n)]

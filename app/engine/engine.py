@@ -1,4 +1,13 @@
-"""The synchronous engine: one `step()` = schedule, execute on the runner, sample, stream.
+"""The synchronous engine. One step is a pipeline:
+
+    plan (scheduler) -> build batch -> execute (runner) -> sample / verify -> commit
+
+`commit` is the only place that changes a request's counters: it advances
+`num_computed_tokens`, rolls back drafted positions the target rejected (block manager
+`shrink` + runner `truncate`), appends the accepted tokens one at a time through the same
+stop / EOS / length checks, stopping at the first that ends the request, and only then
+registers full blocks of verified tokens in the prefix cache (vLLM v1's
+`update_from_output`).
 
 Single-threaded by design; `AsyncEngine` drives it from its own thread.
 """
@@ -6,14 +15,18 @@ Single-threaded by design; `AsyncEngine` drives it from its own thread.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from app.engine.block_manager import BlockManager
+from app.engine.config import EngineConfig, SchedulerConfig
 from app.engine.detokenizer import IncrementalDetokenizer
 from app.engine.request import Request, RequestStatus
-from app.engine.sampler import make_rng, sample
-from app.engine.scheduler import Scheduler, SchedulerConfig
+from app.engine.sampler import position_rng, sample, seed_key
+from app.engine.scheduler import Scheduler, SchedulerOutput
 from app.engine.slots import SlotPool
+from app.engine.spec_decode.speculator import Speculator
 from app.engine.types import (
     EngineStats,
     PromptTooLongError,
@@ -21,45 +34,82 @@ from app.engine.types import (
     SamplingParams,
     TokenLogprob,
 )
-from backends.base import BatchItem, Runner
+from backends.base import BatchItem, KVResidency, Runner
+
+__all__ = ["EngineConfig", "LLMEngine", "SchedulerConfig", "StepResult"]
+
+# (token id, (chosen logprob, top list) or None): one sampled position
+Sampled = tuple[int, tuple[float, list[tuple[int, float]]] | None]
 
 
 @dataclass(slots=True)
-class EngineConfig:
-    """Args:
-    context_length: most tokens (prompt + output) one sequence may hold.
-    scheduler: batching limits.
-    enable_prefix_caching: reuse cached prompt blocks.
+class ScheduledRequest:
+    """One request's share of a planned step.
+
+    Positions `start .. start+num_tokens-1` are computed; the last `num_drafts` of them are
+    drafts. Logits rows `first_row .. first_row+num_rows-1` belong to it (`num_rows` is 0 for
+    a prefill chunk that does not reach the prompt's end, else `num_drafts + 1`).
     """
 
-    context_length: int = 8192
-    scheduler: SchedulerConfig | None = None
-    enable_prefix_caching: bool = True
+    request: Request
+    start: int
+    num_tokens: int
+    num_drafts: int
+    first_row: int
+    num_rows: int
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """The batch handed to the runner and, per request, where its part of the result is."""
+
+    items: list[BatchItem] = field(default_factory=list)
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    num_rows: int = 0
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What a step did: stream outputs (one per request that produced tokens) and, per
+    request id, the positions whose KV the step committed (verified)."""
+
+    outputs: list[RequestOutput] = field(default_factory=list)
+    computed: dict[str, range] = field(default_factory=dict)
 
 
 class LLMEngine:
     """Drives a runner. Not thread-safe: call from one thread.
 
-    Raises (from `add_request`): PromptTooLongError, ValueError for empty or
-    out-of-vocabulary prompts.
+    Args:
+        runner: the target model's runner.
+        config: limits and switches.
+        residency: who receives KV-residency calls (default: the runner itself; a composite
+            when a draft model's runner must mirror the target's slots).
+        speculator: proposes drafts before each step (None: no speculative decoding).
+    Raises ValueError if a speculator is given for a runner that cannot truncate exactly;
+    (from `add_request`) PromptTooLongError, ValueError for empty or out-of-vocabulary
+    prompts.
     """
 
-    def __init__(self, runner: Runner, config: EngineConfig | None = None):
+    def __init__(self, runner: Runner, config: EngineConfig | None = None,
+                 residency: KVResidency | None = None, speculator: Speculator | None = None):
+        if speculator is not None and not runner.capabilities.exact_truncate:
+            raise ValueError("speculative decoding needs a runner that truncates exactly")
         self.runner = runner
+        self.speculator = speculator
         self.config = config or EngineConfig()
-        sched_cfg = self.config.scheduler or SchedulerConfig()
+        self.residency: KVResidency = residency or runner
         self.context_length = min(self.config.context_length, runner.info.n_ctx_train,
                                   runner.max_seq_tokens)
         self.block_manager = BlockManager(
             runner.num_blocks,
             runner.block_size,
             enable_prefix_caching=self.config.enable_prefix_caching,
-            on_evict=runner.evict,
+            on_evict=self.residency.evict,
         )
         self.slots = SlotPool(runner.max_seqs)
-        self.scheduler = Scheduler(
-            sched_cfg, self.block_manager, self.slots, runner.share_blocks, runner.release
-        )
+        self.scheduler = Scheduler(self.config.scheduler, self.block_manager, self.slots,
+                                   self.residency)
         self.requests: dict[str, Request] = {}
         self.eos_ids = set(runner.tokenizer.eos_ids)
         self.prompt_tokens_total = 0
@@ -85,7 +135,7 @@ class LLMEngine:
         request = Request(request_id, list(prompt_ids), params)
         if arrival_time is not None:
             request.metrics.arrival_time = arrival_time
-        request.rng = make_rng(params.seed)
+        request.seed_key = seed_key(params.seed)
         request.detokenizer = IncrementalDetokenizer(self.runner.tokenizer.token_bytes, params.stop)
         self.requests[request_id] = request
         self.scheduler.add(request)
@@ -105,50 +155,139 @@ class LLMEngine:
         return self.scheduler.has_work
 
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; returns the outputs it produced (one per sampled request)."""
+        """Run one engine step; returns the outputs it produced (one per request that got
+        tokens). See `execute_step` for the computed ranges too."""
+        return self.execute_step().outputs
+
+    def execute_step(self) -> StepResult:
+        """plan -> build batch -> execute -> sample/verify -> commit. Raises RuntimeError
+        from the runner (the step's requests are then in an undefined state)."""
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running, self.scheduler.waiting,
+                                    self.scheduler.config.max_num_batched_tokens)
         sched = self.scheduler.schedule()
         if not sched:
-            return []
+            return StepResult()
+        plan = self._build_batch(sched)
+        logits = self.runner.execute(plan.items)
+        sampled = self._sample(plan, logits)
+        return self._commit(plan, sampled)
+
+    def _build_batch(self, sched: SchedulerOutput) -> StepPlan:
+        plan = StepPlan()
         now = time.perf_counter()
-        items: list[BatchItem] = []
-        sampled: list[Request] = []
         for request, num_new in sched.num_scheduled_tokens.items():
             start = request.num_computed_tokens
             end = start + num_new
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = now
-            wants_logits = end == request.num_tokens
-            items.append(BatchItem(
+            num_real = request.num_tokens
+            num_drafts = max(0, end - num_real)
+            if num_drafts < len(request.spec_token_ids):
+                del request.spec_token_ids[num_drafts:]  # the budget cut them
+            tokens = request.token_ids[start:min(end, num_real)] + request.spec_token_ids
+            # logits from the last real token on: its next token, then one per draft
+            num_rows = num_drafts + 1 if end >= num_real else 0
+            first_index = num_new - num_rows
+            plan.items.append(BatchItem(
                 slot=request.slot,
-                tokens=request.token_ids[start:end],
+                tokens=tokens,
                 start_pos=start,
                 block_table=request.block_table,
-                logits_indices=[num_new - 1] if wants_logits else [],
+                logits_indices=list(range(first_index, num_new)),
             ))
-            if wants_logits:
-                sampled.append(request)
-        logits = self.runner.execute(items)
-        for request, num_new in sched.num_scheduled_tokens.items():
-            request.num_computed_tokens += num_new
-            self.block_manager.cache_full_blocks(request, request.num_computed_tokens)
-        if not sampled:
-            return []
-        result = sample(
-            logits,
-            [r.params for r in sampled],
-            [r.prompt_ids for r in sampled],
-            [r.output_ids for r in sampled],
-            [r.rng for r in sampled],
-        )
-        now = time.perf_counter()
-        outputs = []
-        for row, request in enumerate(sampled):
-            token = int(result.token_ids[row])
-            lp = result.logprobs[row] if result.logprobs else None
-            outputs.append(self._append_token(request, token, lp, now))
-        return outputs
+            plan.scheduled.append(ScheduledRequest(request, start, num_new, num_drafts,
+                                                   plan.num_rows, num_rows))
+            plan.num_rows += num_rows
+        return plan
 
-    def _append_token(self, request: Request, token: int, lp, now: float) -> RequestOutput:
+    def _sample(self, plan: StepPlan, logits: np.ndarray) -> dict[Request, list[Sampled]]:
+        """The target's token at every logits row, from the request's full sampler.
+
+        Row j of a request samples its output position `num_output + j`, with penalties over
+        the history that includes the drafts before it: exactly what plain decoding would do
+        had those drafts been generated (which is the only case in which row j is used).
+        One `sample` call covers the whole batch; a batch without drafts is one row per
+        request, the plain decode path.
+        """
+        rows_params, rows_prompt, rows_output, rows_rng = [], [], [], []
+        owners: list[tuple[Request, int]] = []
+        for s in plan.scheduled:
+            if not s.num_rows:
+                continue
+            r = s.request
+            greedy = r.params.greedy  # a greedy row never draws
+            output = r.output_ids
+            for j in range(s.num_rows):
+                rows_params.append(r.params)
+                rows_prompt.append(r.prompt_ids)
+                rows_output.append(output + r.spec_token_ids[:j] if j else output)
+                rows_rng.append(None if greedy
+                                else position_rng(r.seed_key, len(output) + j))
+                owners.append((r, j))
+        if not owners:
+            return {}
+        result = sample(logits[:plan.num_rows], rows_params, rows_prompt, rows_output, rows_rng)
+        sampled: dict[Request, list[Sampled]] = {}
+        for row, (r, _) in enumerate(owners):
+            lp = result.logprobs[row] if result.logprobs else None
+            sampled.setdefault(r, []).append((int(result.token_ids[row]), lp))
+        return sampled
+
+    def _commit(self, plan: StepPlan, sampled: dict[Request, list[Sampled]]) -> StepResult:
+        result = StepResult()
+        now = time.perf_counter()
+        for s in plan.scheduled:
+            r = s.request
+            r.num_computed_tokens = s.start + s.num_tokens
+            if not s.num_rows:  # a prefill chunk: all computed, nothing to sample
+                self.block_manager.cache_full_blocks(r, r.num_computed_tokens)
+                result.computed[r.request_id] = range(s.start, r.num_computed_tokens)
+                continue
+            targets = sampled[r]
+            drafts = r.spec_token_ids
+            r.spec_token_ids = []
+            # verify: accept drafts while the target's token equals the draft
+            num_accepted = 0
+            while num_accepted < len(drafts) and targets[num_accepted][0] == drafts[num_accepted]:
+                num_accepted += 1
+            accepted = targets[:num_accepted + 1]
+            metrics = r.metrics
+            if drafts:
+                metrics.num_drafts += 1
+                metrics.num_draft_tokens += len(drafts)
+                metrics.num_accepted_tokens += num_accepted
+                if self.speculator is not None:
+                    self.speculator.observe(r, len(drafts), num_accepted)
+            # KV is valid for every real token and the accepted drafts
+            valid = s.start + s.num_tokens - (len(drafts) - num_accepted)
+            text, token_ids, logprobs, reason = "", [], [], None
+            for token, lp in accepted:
+                piece, reason = self._append_token(r, token, now)
+                text += piece
+                token_ids.append(token)
+                if lp is not None:
+                    logprobs.append(self._token_logprob(token, lp))
+                if reason is not None:
+                    break
+            verified = min(valid, r.num_tokens)
+            r.num_computed_tokens = verified
+            self.block_manager.cache_full_blocks(r, verified)
+            result.computed[r.request_id] = range(s.start, verified)
+            if reason is not None:
+                if not r.detokenizer.stopped:
+                    text += r.detokenizer.flush()
+                metrics.finish_time = now
+                self._finish(r, reason)
+            elif valid < s.start + s.num_tokens:
+                # roll back the rejected drafts' KV and the blocks only they used
+                self.residency.truncate(r.slot, verified)
+                self.block_manager.shrink(r, r.num_tokens)
+            result.outputs.append(self._output(r, text, token_ids, logprobs or None))
+        return result
+
+    def _append_token(self, request: Request, token: int, now: float) -> tuple[str, str | None]:
+        """Append one accepted token; returns (its new text, finish reason or None)."""
         params = request.params
         request.token_ids.append(token)
         self.generation_tokens_total += 1
@@ -159,22 +298,13 @@ class LLMEngine:
             self.prompt_tokens_total += request.num_prompt_tokens
         is_eos = (token in self.eos_ids and not params.ignore_eos) or token in params.stop_token_ids
         text = "" if is_eos else request.detokenizer.push(token)
-        reason = None
         if is_eos or request.detokenizer.stopped:
-            reason = "stop"
-        elif params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
-            reason = "length"
-        elif request.num_tokens >= self.context_length:
-            reason = "length"
-        logprobs = None
-        if lp is not None:
-            logprobs = [self._token_logprob(token, lp)]
-        if reason is not None:
-            if not request.detokenizer.stopped:
-                text += request.detokenizer.flush()
-            metrics.finish_time = now
-            self._finish(request, reason)
-        return self._output(request, text, [token], logprobs)
+            return text, "stop"
+        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+            return text, "length"
+        if request.num_tokens >= self.context_length:
+            return text, "length"
+        return text, None
 
     def _token_logprob(self, token: int, lp) -> TokenLogprob:
         tok = self.runner.tokenizer

@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
+from app.engine.detokenizer import IncrementalDetokenizer
 from app.engine.types import RequestMetrics, SamplingParams
 
 
@@ -22,11 +22,14 @@ class Request:
 
     Token regions (vLLM v1's bookkeeping: one subtraction decides what to compute)::
 
-        |<-------------- token_ids (prompt + output) -------------->|
-        |<--- num_computed_tokens (KV exists) --->|<- to compute ->|
+        |<-------------- token_ids (prompt + output) -------------->|<- spec_token_ids ->|
+        |<--- num_computed_tokens (KV exists) --->|<-------------- to compute -------------->|
 
-    `num_cached_tokens` is the part of the prompt served from the prefix cache when the
-    request was first scheduled. `block_table[i]` holds positions `i*block_size ..`.
+    `spec_token_ids` are drafts proposed for the next step: computed with the real tokens,
+    then verified; rejected ones are rolled back, so after a step `num_computed_tokens <=
+    num_tokens` again. `metrics.cached_tokens` is the part of the prompt served from the
+    prefix cache when the request was first scheduled. `block_table[i]` holds positions
+    `i*block_size ..`. `seed_key` keys the request's random draws (`sampler.position_rng`).
     """
 
     request_id: str
@@ -42,10 +45,11 @@ class Request:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     num_preemptions: int = 0
     prompt_block_hashes: list[bytes] | None = None  # chained hashes of full prompt blocks
-    # set by the engine: sampler RNG, detokenizer, output sink
-    rng: Any = None
-    detokenizer: Any = None
-    sink: Any = None
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_state: dict = field(default_factory=dict)  # proposers' and controller's per-request state
+    # set by the engine
+    seed_key: int = 0
+    detokenizer: IncrementalDetokenizer | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -57,6 +61,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.token_ids) + len(self.spec_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -11,13 +11,17 @@ Order of operations per row, as vLLM applies them:
    al. 2024), then one draw with the row's own generator.
 
 Each row owns its `numpy.random.Generator` and draws exactly one ``rng.random()`` per sampled
-token, so a seeded request gives the same tokens whatever else is in the batch. Logprobs are the
+token. The engine gives each row the generator of its output position (`position_rng`:
+counter-based, keyed by the request's seed and the position), so a seeded request gives the
+same tokens whatever else is in the batch, and whether or not speculation verified the
+position in a multi-token step. Logprobs are the
 log-softmax of the penalised logits before temperature and filters ("raw" logprobs, as OpenAI
 and vLLM report them).
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +63,27 @@ class SampleResult:
 def make_rng(seed: int | None) -> np.random.Generator:
     """A request's own generator: seeded (reproducible) or, for None, from fresh OS entropy."""
     return np.random.default_rng(seed)
+
+
+_U64 = (1 << 64) - 1
+
+
+def seed_key(seed: int | None) -> int:
+    """A request's 128-bit random key: its seed (taken modulo 2**128) or, for None, 64 fresh
+    bits from the OS."""
+    return secrets.randbits(64) if seed is None else seed & ((1 << 128) - 1)
+
+
+def position_rng(key: int, position: int, stream: int = 0) -> np.random.Generator:
+    """The generator for one output position of a request: Philox (Salmon et al. 2011,
+    counter-based) keyed by `key`, counter `(0, position, stream, 0)`. Draws at a position
+    depend only on (key, position, stream), never on how many draws other positions made;
+    successive draws advance the low counter word, so positions never overlap. `stream`
+    separates uses at one position (e.g. 0: the target token, 1: a rejection-sampling
+    acceptance draw)."""
+    bits = np.random.Philox(key=np.array([key & _U64, key >> 64], dtype=np.uint64),
+                            counter=np.array([0, position, stream, 0], dtype=np.uint64))
+    return np.random.Generator(bits)
 
 
 def has_penalties(params: SamplingParams) -> bool:

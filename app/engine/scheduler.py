@@ -1,8 +1,9 @@
 """Iteration-level (continuous) batching with a per-step token budget.
 
 Every step each request is given a number of tokens to compute so that
-`num_computed_tokens` catches up with `num_tokens` (vLLM v1): a decode is 1 token, a prompt
-is computed in chunks of at most the remaining budget, so long prompts never stall decodes.
+`num_computed_tokens` catches up with `num_tokens_with_spec` (vLLM v1): a decode is 1 token
+plus its drafts, a prompt is computed in chunks of at most the remaining budget, so long
+prompts never stall decodes.
 Running requests are served first (oldest first); waiting requests are admitted while budget,
 slots and KV blocks last. When blocks run out the newest running request is preempted: its
 blocks are freed (their cached prefix usually survives) and it is recomputed later.
@@ -11,34 +12,24 @@ blocks are freed (their cached prefix usually survives) and it is recomputed lat
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.engine.block_manager import BlockManager
+from app.engine.config import SchedulerConfig
 from app.engine.request import Request, RequestStatus
 from app.engine.slots import SlotPool
+from backends.base import KVResidency
 
-
-@dataclass(slots=True)
-class SchedulerConfig:
-    """Args:
-    max_num_seqs: requests running at once (batch rows).
-    max_num_batched_tokens: token budget of one step (prefill chunks + decodes).
-    max_waiting: admission bound; `add` beyond it is refused by the engine.
-    """
-
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 512
-    max_waiting: int = 256
-
-    def __post_init__(self) -> None:
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+__all__ = ["Scheduler", "SchedulerConfig", "SchedulerOutput"]
 
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    """One step: {request: tokens to compute}, in batch order, plus requests preempted."""
+    """One step: {request: tokens to compute}, in batch order, plus requests preempted.
+
+    A running request's tokens may end in drafts (`Request.spec_token_ids`); a budget that
+    cuts into them computes only the leading ones.
+    """
 
     num_scheduled_tokens: dict[Request, int] = field(default_factory=dict)
     preempted: list[Request] = field(default_factory=list)
@@ -56,10 +47,9 @@ class Scheduler:
     config: limits.
     block_manager: KV accounting.
     slots: the runner's sequence slots.
-    share_blocks: runner hook, `(slot, block_ids) -> n`: make cached blocks the slot's
-        prefix; returns how many leading ones it could (the rest are recomputed).
-    release_slot: runner hook, `(slot, n_keep_blocks)`: drop a sequence; its first
-        `n_keep_blocks` blocks are cached and must stay restorable.
+    residency: the runner's (or runners') KV residency: `share_blocks` at admission of a
+        prefix hit (it may serve fewer blocks; the rest are recomputed), `release` when a
+        request's slot is freed (its first `num_hashed_blocks` blocks stay restorable).
     """
 
     def __init__(
@@ -67,14 +57,12 @@ class Scheduler:
         config: SchedulerConfig,
         block_manager: BlockManager,
         slots: SlotPool,
-        share_blocks: Callable[[int, list[int]], int],
-        release_slot: Callable[[int, int], None],
+        residency: KVResidency,
     ):
         self.config = config
         self.block_manager = block_manager
         self.slots = slots
-        self._share_blocks = share_blocks
-        self._release_slot = release_slot
+        self.residency = residency
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -94,7 +82,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(request.num_tokens_with_spec - request.num_computed_tokens, budget)
             if num_new <= 0:
                 i += 1
                 continue
@@ -138,12 +126,11 @@ class Scheduler:
             self.waiting.popleft()
             request.slot = slot
             if cached:
-                n_shared = self._share_blocks(slot, cached)
+                n_shared = self.residency.share_blocks(slot, cached)
                 if n_shared < len(cached):
                     # recompute the rest into the same (already allocated) blocks
-                    bm = self.block_manager
-                    bm.hit_tokens_total -= num_cached - n_shared * bm.block_size
-                    num_cached = n_shared * bm.block_size
+                    self.block_manager.note_partial_hit(len(cached), n_shared)
+                    num_cached = n_shared * self.block_manager.block_size
                     num_new = min(request.num_tokens - num_cached, budget)
             request.num_computed_tokens = num_cached
             if request.num_preemptions == 0:
@@ -185,6 +172,7 @@ class Scheduler:
         self.running.remove(request)
         self._free(request)
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
@@ -193,7 +181,7 @@ class Scheduler:
         n_keep = request.num_hashed_blocks
         self.block_manager.free(request)
         if request.slot is not None:
-            self._release_slot(request.slot, n_keep)
+            self.residency.release(request.slot, n_keep)
             self.slots.release(request.slot)
             request.slot = None
 

@@ -37,7 +37,9 @@ class SamplingParams:
     `top_p=1.0`, `min_p=0.0` disable those filters; `temperature=0` is greedy. Penalties follow
     OpenAI (presence/frequency, additive on logits) and llama.cpp/CTRL (repetition,
     multiplicative, over prompt and output). `logprobs=None` returns none; `k>=0` returns the
-    chosen token's log-probability and the `k` most likely alternatives.
+    chosen token's log-probability and the `k` most likely alternatives. `speculative=False`
+    opts out of speculative decoding; `prediction` (token ids) is OpenAI's Predicted
+    Outputs, the draft source for this request. Neither changes the output's distribution.
     """
 
     max_tokens: int | None = 256
@@ -53,6 +55,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    speculative: bool = True  # False opts this request out of speculative decoding
+    prediction: list[int] | None = None  # expected output's token ids (Predicted Outputs)
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -92,6 +96,11 @@ class RequestMetrics:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_draft_tokens: int = 0  # draft tokens verified by the target (speculative decoding)
+    num_accepted_tokens: int = 0  # of those, accepted (length of each accepted prefix)
+    num_drafts: int = 0  # steps in which this request verified at least one draft token
+    accepted_prediction_tokens: int = 0  # draft tokens from `prediction`, accepted
+    rejected_prediction_tokens: int = 0  # draft tokens from `prediction`, computed and rejected
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -112,6 +121,20 @@ class RequestMetrics:
         dt = self.first_token_time - self.first_scheduled_time
         computed = self.prompt_tokens - self.cached_tokens
         return computed / dt if dt > 0 else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens, or None if nothing was drafted."""
+        if not self.num_draft_tokens:
+            return None
+        return self.num_accepted_tokens / self.num_draft_tokens
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Mean accepted draft tokens per verification that had drafts, or None."""
+        if not self.num_drafts:
+            return None
+        return self.num_accepted_tokens / self.num_drafts
 
     @property
     def tpot(self) -> float | None:

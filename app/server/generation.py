@@ -83,12 +83,26 @@ class ChoiceState:
     def cached_tokens(self) -> int:
         return self.metrics.cached_tokens if self.metrics else 0
 
+    @property
+    def accepted_prediction_tokens(self) -> int:
+        return self.metrics.accepted_prediction_tokens if self.metrics else 0
+
+    @property
+    def rejected_prediction_tokens(self) -> int:
+        return self.metrics.rejected_prediction_tokens if self.metrics else 0
+
 
 def usage(states: list[ChoiceState]) -> dict[str, Any]:
     """OpenAI `usage`: each prompt counted once (the `n` choices share it), completions summed.
 
     `prompt_tokens_details.cached_tokens` per prompt is the smallest prefix-cache hit among its
     choices — what the cache held before this request, not what its own siblings put there.
+    `completion_tokens_details` (OpenAI's `CompletionTokensDetails`; `reasoning_tokens` and
+    `audio_tokens` are always 0 here): `accepted_prediction_tokens` = predicted tokens that
+    the model produced (drafts from `prediction` it accepted), `rejected_prediction_tokens` =
+    predicted tokens it computed and discarded; both summed over the choices, 0 without a
+    prediction. Rejected tokens are not in `completion_tokens` (unlike OpenAI's billing, the
+    count here is of tokens in the reply).
     """
     prompt_tokens = 0
     cached = 0
@@ -104,6 +118,12 @@ def usage(states: list[ChoiceState]) -> dict[str, Any]:
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": sum(s.accepted_prediction_tokens for s in states),
+            "rejected_prediction_tokens": sum(s.rejected_prediction_tokens for s in states),
+        },
     }
 
 
@@ -129,11 +149,14 @@ def sampling_params(
     context_length: int,
     seed: int | None,
     logprobs: int | None,
+    prediction: list[int] | None = None,
 ) -> SamplingParams:
     """Engine `SamplingParams` for one choice.
 
     `max_tokens` is capped to the room left in the context (`None` = until EOS, a stop
-    string or the context limit). OpenAI defaults: temperature 1, top_p 1. Raises APIError 400
+    string or the context limit). OpenAI defaults: temperature 1, top_p 1. `prediction`:
+    the predicted output's token ids (see `app.server.prediction`), shared by every choice;
+    `req.speculative` false (not null) opts out of speculative decoding. Raises APIError 400
     when the engine rejects a value.
     """
     room = context_length - prompt_len
@@ -153,6 +176,8 @@ def sampling_params(
             stop=req.stop_list(),
             ignore_eos=bool(req.ignore_eos),
             logprobs=logprobs,
+            speculative=req.speculative is not False,
+            prediction=prediction,
         )
     except ValueError as exc:
         raise bad_request(str(exc)) from exc

@@ -6,7 +6,9 @@ Two sources:
   responses by path and status;
 - an engine collector that reads `engine.stats()` at scrape time: running/waiting requests,
   KV blocks total/used/free, and the engine's cumulative prompt, generation and prefix-cache
-  hit token counters. Nothing is polled in the background.
+  hit token counters. Nothing is polled in the background;
+- a speculative-decoding collector reading the engine's speculator stats at scrape time
+  (`tandem_spec_*`, see `app.server.spec_metrics`).
 
 Names are `tandem_*`, units in the name (`_seconds`, `_tokens`), as Prometheus advises.
 """
@@ -22,6 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from app.engine.types import RequestMetrics
+from app.server.spec_metrics import SpecCollector
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
@@ -85,6 +88,7 @@ class ServerMetrics:
     def __init__(self, engine: Any):
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine))
+        self.registry.register(SpecCollector(engine))
         self.http_responses = Counter(
             "tandem_http_requests",
             "HTTP responses by path and status code.",

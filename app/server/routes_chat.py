@@ -4,6 +4,9 @@ Streaming emits, per choice, a first delta carrying the role, content deltas, an
 chunk with an empty delta and the `finish_reason`; with `stream_options.include_usage` every
 chunk has `"usage": null` and a final chunk with `choices: []` carries the usage. Then
 `data: [DONE]`.
+
+`prediction` (OpenAI's Predicted Outputs) and `speculative` (tandem's opt-out) steer
+speculative decoding only; see `app.server.schemas.SamplingFields`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import jinja2
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from app.prompts import chat_prompt_ids
 from app.server.context import Ctx, ServerContext
 from app.server.errors import bad_request
 from app.server.generation import (
@@ -28,6 +32,7 @@ from app.server.generation import (
     usage,
 )
 from app.server.logprobs import chat_content
+from app.server.prediction import prediction_ids
 from app.server.responses import (
     Choice,
     envelope,
@@ -73,7 +78,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
 def render_prompt(engine: Any, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of the templated conversation; 400 if the template rejects it."""
     try:
-        return list(engine.apply_chat_template(messages, add_generation_prompt=True))
+        return list(chat_prompt_ids(engine.tokenizer, messages))
     except (jinja2.TemplateError, ValueError, TypeError, KeyError) as exc:
         raise bad_request(f"The chat template rejected the messages: {exc}", "messages") from exc
 
@@ -87,6 +92,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
         raise bad_request("top_logprobs requires logprobs to be true.", "top_logprobs")
     top = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_completion_tokens or body.max_tokens
+    prediction = prediction_ids(ctx.engine, body.prediction, ctx.context_length)
     jobs = [
         Job(
             index=i,
@@ -99,6 +105,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
                 context_length=ctx.context_length,
                 seed=choice_seed(body.seed, i),
                 logprobs=top,
+                prediction=prediction,
             ),
         )
         for i in range(body.n or 1)

@@ -2,10 +2,11 @@
 
 `prompt` is a string, a list of strings, a list of token ids or a list of such lists; each
 prompt gets `n` choices, choice index `prompt_index * n + i` (OpenAI's order). Text prompts
-are tokenized with `engine.encode_prompt` (BOS added if the model wants it); id prompts are
+are tokenized with `app.prompts.raw_prompt_ids` (BOS added if the model wants it); id prompts are
 used as given. `max_tokens` defaults to 16, as OpenAI's does. `echo` prepends the prompt
 (its text, or the decoded ids) to each choice; with `logprobs`, echoed prompt tokens carry
-null log-probabilities (the engine does not score prompts).
+null log-probabilities (the engine does not score prompts). `prediction` (one for every
+prompt and choice) and `speculative` work as on chat completions.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from app.prompts import raw_prompt_ids
 from app.server.context import Ctx, ServerContext
 from app.server.errors import bad_request
 from app.server.generation import (
@@ -30,6 +32,7 @@ from app.server.generation import (
     usage,
 )
 from app.server.logprobs import LegacyLogprobs, merge_legacy
+from app.server.prediction import prediction_ids
 from app.server.responses import (
     Choice,
     envelope,
@@ -55,11 +58,11 @@ def parse_prompts(
 ) -> list[Prompt]:
     """The request's prompts as token ids; 400 for an empty list."""
     if isinstance(prompt, str):
-        return [Prompt(list(engine.encode_prompt(prompt)), prompt)]
+        return [Prompt(list(raw_prompt_ids(engine.tokenizer, prompt)), prompt)]
     if not prompt:
         raise bad_request("The prompt must not be empty.", "prompt")
     if isinstance(prompt[0], str):
-        return [Prompt(list(engine.encode_prompt(p)), p) for p in prompt]  # type: ignore[arg-type]
+        return [Prompt(list(raw_prompt_ids(engine.tokenizer, p)), p) for p in prompt]  # type: ignore[arg-type]
     if isinstance(prompt[0], int):
         return [Prompt(list(prompt), None)]  # type: ignore[arg-type]
     return [Prompt(list(p), None) for p in prompt]  # type: ignore[union-attr]
@@ -90,6 +93,7 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx) -> Re
     for p in prompts:
         check_prompt(p.ids, ctx.context_length, n_vocab(ctx.engine), "prompt")
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    prediction = prediction_ids(ctx.engine, body.prediction, ctx.context_length)
     jobs = []
     for pi, p in enumerate(prompts):
         for i in range(n):
@@ -101,6 +105,7 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx) -> Re
                 context_length=ctx.context_length,
                 seed=choice_seed(body.seed, index),
                 logprobs=body.logprobs,
+                prediction=prediction,
             )
             jobs.append(Job(index=index, prompt_index=pi, prompt_ids=p.ids, params=params))
     echoes = [_Echo(ctx.engine, p) for p in prompts] if body.echo else None

@@ -6,12 +6,12 @@ follow OpenAI's documented limits where a local server has no reason to differ; 
 400 `invalid_request_error` responses (see `app.server.errors`).
 
 Extensions beyond OpenAI, as llama-server and vLLM accept them: `top_k`, `min_p`,
-`repetition_penalty`, `ignore_eos`.
+`repetition_penalty`, `ignore_eos`. tandem's own: `speculative` (see `SamplingFields`).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -44,7 +44,19 @@ class ChatMessage(_Body):
 
 
 class SamplingFields(_Body):
-    """Fields shared by chat and legacy completions."""
+    """Fields shared by chat and legacy completions.
+
+    `prediction` is OpenAI's Predicted Outputs, `{"type": "content", "content": str | [{"type":
+    "text", "text": str}, ...]}`: text the reply is expected to repeat (a file being edited),
+    used as the draft source of speculative decoding; it never changes the reply, only its
+    speed. Validated by `app.server.prediction` (400, param "prediction"); accepted on
+    `/v1/completions` too. `usage.completion_tokens_details` reports how many predicted tokens
+    were accepted and rejected.
+
+    `speculative` (tandem extension, default true; null = default): false opts this request
+    out of speculative decoding (no drafts, neither from `prediction` nor n-gram lookup),
+    e.g. to measure plain decoding. The reply is the same either way.
+    """
 
     model: str | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None  # OpenAI's range
@@ -62,6 +74,8 @@ class SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     user: str | None = None
     ignore_eos: bool | None = None
+    prediction: Any = None  # checked by app.server.prediction, for OpenAI's error wording
+    speculative: bool | None = None
 
     @field_validator("stop")
     @classmethod

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from backends.base import BatchItem, ModelInfo
+from backends.base import BatchItem, LayerKV, ModelInfo, RunnerCapabilities
 
 T = TypeVar("T")
 
@@ -54,6 +54,9 @@ class MLXRunner:
         dtype: mx dtype of weights and KV (default: f16 on Metal, f32 on CPU).
     Raises FileNotFoundError / ValueError from loading (unsupported architecture etc.).
     """
+
+    # The pool is addressed by block tables, so truncation and transfer are exact by design.
+    capabilities = RunnerCapabilities(exact_truncate=True, kv_transfer=True)
 
     def __init__(self, path: str, max_seqs: int, num_blocks: int, block_size: int = 16,
                  dtype=None):
@@ -181,8 +184,8 @@ class MLXRunner:
         return (bt[pos // self.block_size] * self.block_size
                 + pos % self.block_size).astype(np.int32)
 
-    def export_kv(self, block_table: list[int], start: int, n: int
-                  ) -> list[tuple[np.ndarray, np.ndarray]]:
+    def export_kv(self, slot: int, block_table: list[int], start: int, n: int
+                  ) -> list[LayerKV]:
         """K and V of positions `start..start+n-1`, per layer, each `[n, kv_heads, head_dim]`
         float16, post-RoPE in the rotate-half (Hugging Face) convention."""
         rows = self._rows(block_table, start, n)
@@ -201,8 +204,8 @@ class MLXRunner:
 
         return self._on_thread(run)
 
-    def import_kv(self, block_table: list[int], start: int,
-                  kv: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    def import_kv(self, slot: int, block_table: list[int], start: int,
+                  kv: list[LayerKV]) -> None:
         """Write per-layer K/V `[n, kv_heads, head_dim]` (layout of `export_kv`) into positions
         `start..start+n-1` of the blocks in `block_table`. Raises ValueError on shape mismatch."""
         if len(kv) != len(self._caches):

@@ -1,8 +1,12 @@
-"""Fixtures that start a real `tandem serve` on a free port and clients that talk to it.
+"""Fixtures that start a `tandem serve` app on a free port and clients that talk to it.
 
-Engine choice (`TANDEM_E2E_ENGINE`): `real` runs `python -m app.cli serve` in a subprocess
-with the embedded model; `fake` runs the app in-process (uvicorn in a thread) on
-`tests/e2e/fake_engine.py`; `auto` (default) is `real` when `app.engine.AsyncEngine` imports.
+Every test that uses `server` or `tiny_server` runs against both engines, chosen by the
+`engine_kind` parameter (test ids `[fake]` / `[real]`):
+- `fake`: the app in-process (uvicorn in a thread) on the real `AsyncEngine` over
+  `tests.fakes.runner.ScriptedRunner` (byte tokens, scripted replies; no model);
+- `real`: `python -m app.cli serve` in a subprocess with the embedded model; marked `model`,
+  so `-m "not model"` leaves it out, and skipped when the model is missing (see
+  `tests/conftest.py:embedded_model`).
 """
 
 from __future__ import annotations
@@ -18,23 +22,30 @@ import httpx
 import openai
 import pytest
 
-from app.server_process import free_port, running, wait_healthy
+from app.bench.server_process import free_port, running, wait_healthy
+from app.engine.async_engine import AsyncEngine
+from app.engine.engine import EngineConfig, LLMEngine
+from app.engine.scheduler import SchedulerConfig
+from models.registry import DEFAULT_MODEL
+from tests.fakes.runner import ScriptedRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-e2e"
 CTX_SIZE = 2048
-MODEL = os.environ.get("TANDEM_E2E_MODEL", "smollm2-135m-instruct")
+MODEL = os.environ.get("TANDEM_E2E_MODEL", DEFAULT_MODEL)
 
 
-def engine_mode() -> str:
-    mode = os.environ.get("TANDEM_E2E_ENGINE", "auto")
-    if mode != "auto":
-        return mode
-    try:
-        from app.engine import AsyncEngine  # noqa: F401
-    except ImportError:
-        return "fake"
-    return "real"
+GREEDY_TEXT = "Hello wörld, the quick brown fox jumps over the lazy dog; naïve café. "
+GREEDY_WORDS = GREEDY_TEXT.split(" ")[:-1]
+REPLY_CHARS = 40  # the fake model says this many characters, then EOS
+
+
+def scripted_reply(prompt: list[int]) -> str:
+    """The fake model's reply: 40 characters of `GREEDY_TEXT`, from a word the prompt picks
+    (a function of the prompt, so the same prompt always gets the same reply)."""
+    start = sum(prompt) % len(GREEDY_WORDS)
+    words = GREEDY_WORDS[start:] + GREEDY_WORDS[:start]
+    return (" ".join(words) + " ")[:REPLY_CHARS]
 
 
 @dataclass
@@ -91,16 +102,38 @@ def _start_subprocess(api_key: str | None, *extra: str) -> Iterator[Server]:
         yield Server(url, model, api_key, "real")
 
 
+def fake_engine(
+    context_length: int = CTX_SIZE, max_seqs: int = 32, max_waiting: int = 64,
+    step_s: float = 0.003,
+) -> tuple[AsyncEngine, ScriptedRunner]:
+    """The real engine over a scripted runner; `step_s` is the simulated time per step.
+
+    The scripted token leads the others by a margin of 2 (logits), so greedy decoding
+    follows the script and seeded sampling (temperature 0.8, top-k 5) draws from a real
+    distribution: about half its tokens leave the script."""
+    runner = ScriptedRunner(default=scripted_reply, step_s=step_s, margin=2.0,
+                            max_seqs=max_seqs, num_blocks=1024, block_size=16,
+                            n_ctx=context_length, name="fake-model")
+    config = EngineConfig(
+        context_length=context_length,
+        scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=512,
+                                  max_waiting=max_waiting),
+    )
+    engine = AsyncEngine(LLMEngine(runner, config), "fake-model", "fake")
+    return engine, runner
+
+
 def _start_inprocess(
-    api_key: str | None, cors: tuple[str, ...] = (), **engine_kw: object
+    api_key: str | None, cors: tuple[str, ...] = (), fail_after: int | None = None,
+    **engine_kw: object,
 ) -> Iterator[Server]:
     import uvicorn
 
     from app.server.app import create_app
-    from tests.e2e.fake_engine import FakeEngine
 
-    engine_kw.setdefault("context_length", CTX_SIZE)
-    engine = FakeEngine(**engine_kw)  # type: ignore[arg-type]
+    engine, runner = fake_engine(**engine_kw)  # type: ignore[arg-type]
+    if fail_after is not None:
+        runner.fail_after(fail_after)
     app = create_app(engine, api_key=api_key, aliases=["fake-model.gguf"], cors_origins=cors)
     port = free_port()
     server = uvicorn.Server(
@@ -115,21 +148,30 @@ def _start_inprocess(
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+        engine.shutdown()
+
+
+@pytest.fixture(scope="session", params=["fake", pytest.param("real", marks=pytest.mark.model)])
+def engine_kind(request: pytest.FixtureRequest) -> str:
+    """Which engine the session's servers run: every e2e test runs on both."""
+    if request.param == "real" and MODEL == DEFAULT_MODEL:
+        request.getfixturevalue("embedded_model")  # skips when the model is missing
+    return request.param
 
 
 @pytest.fixture(scope="session")
-def server() -> Iterator[Server]:
+def server(engine_kind: str) -> Iterator[Server]:
     """The main server (API key required)."""
-    if engine_mode() == "real":
+    if engine_kind == "real":
         yield from _start_subprocess(API_KEY)
     else:
         yield from _start_inprocess(API_KEY)
 
 
 @pytest.fixture(scope="session")
-def tiny_server() -> Iterator[Server]:
+def tiny_server(engine_kind: str) -> Iterator[Server]:
     """A server that decodes one sequence at a time and queues at most one more."""
-    if engine_mode() == "real":
+    if engine_kind == "real":
         yield from _start_subprocess(None, "--max-concurrency", "1", "--max-queue", "1")
     else:
         yield from _start_inprocess(None, max_seqs=1, max_waiting=1)

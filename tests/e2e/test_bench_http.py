@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from app.bench_http import main, run_http_bench
+from app.bench.http import main, run_http_bench
 from tests.e2e.conftest import Server
 
 

@@ -56,11 +56,16 @@ async def test_sixteen_concurrent_streams_match_alone(server: Server) -> None:
     together = await asyncio.gather(*(_greedy_stream(client, server.model, p) for p in prompts))
     identical = 0
     for p, (text, tokens) in zip(prompts, together, strict=True):
+        assert tokens, "a stream produced no tokens"
         if _assert_same_greedy(alone[p][1], tokens):
             assert text == alone[p][0]
             identical += 1
     print(f"{identical}/16 batched greedy texts identical to alone; the rest near-ties")
     await client.close()
+    # near-ties may part a few streams from their solo run, not most of them; the scripted
+    # runner's logits do not depend on the batch at all
+    floor = 16 if server.mode == "fake" else 8
+    assert identical >= floor, f"only {identical}/16 identical to alone (at least {floor})"
 
 
 def _wait_blocks(server: Server, baseline: float, timeout: float = 10.0) -> float:
@@ -104,6 +109,8 @@ def test_stream_disconnect_frees_blocks(server: Server) -> None:
 
 def test_non_stream_disconnect_frees_blocks(server: Server) -> None:
     baseline = server.metric("tandem_kv_blocks_used")
+    aborted = 'tandem_requests_finished_total{finish_reason="abort"}'
+    aborts = server.metric(aborted, default=0.0)
     body = {"model": server.model, "prompt": "Once", "max_tokens": 1500, "ignore_eos": True}
     try:
         httpx.post(f"{server.url}/v1/completions", json=body, headers=server.headers(), timeout=1.0)
@@ -112,6 +119,8 @@ def test_non_stream_disconnect_frees_blocks(server: Server) -> None:
         pass
     assert _wait_blocks(server, baseline) == baseline
     assert server.metric("tandem_requests_running") == 0
+    # aborted when the client left, not run to its 1500 tokens
+    assert server.metric(aborted, default=0.0) == aborts + 1
 
 
 def test_metrics_exposition(server: Server) -> None:

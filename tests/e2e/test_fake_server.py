@@ -1,5 +1,5 @@
-"""Server behaviour that needs a misbehaving or specially configured engine: always runs
-in-process on the fake engine (no model), whatever `TANDEM_E2E_ENGINE` says."""
+"""Server behaviour that needs a misbehaving or specially configured engine: runs in-process
+on the real engine over the scripted runner (no model) only."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def open_cors() -> Iterator[Server]:
 
 def test_error_after_stream_began_is_an_event(failing: Server) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "stream": True}
-    body["ignore_eos"] = True  # the fake may sample EOS early otherwise
+    body["ignore_eos"] = True  # the scripted reply must outlast the failure
     with httpx.stream("POST", f"{failing.url}/v1/chat/completions", json=body, timeout=30) as r:
         assert r.status_code == 200
         events = [e for e in r.read().decode().split("\n\n") if e]

@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from app.engine import AsyncEngine, SamplingParams
+from app.config import EngineArgs
+from app.engine import SamplingParams
+from app.loader import load_engine
+from app.prompts import chat_prompt_ids, raw_prompt_ids
+from backends.base import RunnerConfig
 from backends.llamacpp.runner import BLOCK_SIZE
 
 PROMPTS = [
@@ -26,7 +30,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def engine(embedded_model_path):
-    eng = AsyncEngine.from_model(embedded_model_path, n_ctx=4096, max_seqs=16, threads=2)
+    eng = load_engine(EngineArgs(str(embedded_model_path), runner=RunnerConfig(
+        max_seqs=16, seq_tokens=4096, n_threads=2)))
     yield eng
     eng.shutdown()
 
@@ -55,7 +60,7 @@ def reference_greedy(llm, prompt_ids, n):
 
 
 async def test_greedy_matches_llama_cpp_python_for_64_tokens(engine, reference_llama):
-    prompt = engine.encode_prompt(PROMPTS[0])
+    prompt = raw_prompt_ids(engine.tokenizer, PROMPTS[0])
     assert prompt == reference_llama.tokenize(PROMPTS[0].encode(), add_bos=True, special=True)
     ours, _, _ = await collect(engine, prompt, greedy(64))
     assert ours == reference_greedy(reference_llama, prompt, 64)
@@ -77,7 +82,7 @@ def test_tandem_run_cli_matches_llama_cpp_python(embedded_model_path, reference_
 
 
 async def test_batched_equals_alone(engine):
-    prompts = [engine.encode_prompt(p) for p in PROMPTS]
+    prompts = [raw_prompt_ids(engine.tokenizer, p) for p in PROMPTS]
     alone = [(await collect(engine, p, greedy(24)))[0] for p in prompts]
     together = await asyncio.gather(*(collect(engine, p, greedy(24)) for p in prompts))
     assert [t[0] for t in together] == alone
@@ -87,7 +92,7 @@ async def test_repeated_system_prompt_served_from_prefix_cache(engine):
     system = " ".join(f"Rule {i}: answer briefly and politely." for i in range(70))
     messages = [{"role": "system", "content": system},
                 {"role": "user", "content": "What is two plus two?"}]
-    prompt = engine.apply_chat_template(messages)
+    prompt = chat_prompt_ids(engine.tokenizer, messages)
     assert len(prompt) > 500
     first_tokens, first_text, first = await collect(engine, prompt, greedy(16))
     second_tokens, second_text, second = await collect(engine, prompt, greedy(16))
@@ -101,7 +106,7 @@ async def test_repeated_system_prompt_served_from_prefix_cache(engine):
 
 async def test_cancel_returns_blocks(engine):
     before = engine.stats().kv_blocks_used
-    stream = engine.submit(engine.encode_prompt(PROMPTS[2]), greedy(2000))
+    stream = engine.submit(raw_prompt_ids(engine.tokenizer, PROMPTS[2]), greedy(2000))
     got = 0
     async for out in stream:
         got += len(out.token_ids)
@@ -115,7 +120,7 @@ async def test_cancel_returns_blocks(engine):
 
 
 async def test_seeded_sampling_is_reproducible(engine):
-    prompt = engine.encode_prompt(PROMPTS[3])
+    prompt = raw_prompt_ids(engine.tokenizer, PROMPTS[3])
     params = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=16, seed=7, ignore_eos=True)
     first = (await collect(engine, prompt, params))[0]
     others = await asyncio.gather(*(collect(engine, prompt, params) for _ in range(3)))
@@ -123,13 +128,13 @@ async def test_seeded_sampling_is_reproducible(engine):
 
 
 def test_in_process_bench_runs_the_http_bench_load(engine):
-    from app.bench_http import make_conversations, run_in_process_bench
+    from app.bench.http import make_conversations, run_in_process_bench
 
     r = run_in_process_bench(engine, concurrency=2, requests=3, prompt_tokens=8, max_tokens=5,
                              system_prompt_tokens=40)
     assert (r["url"], r["concurrency"], r["requests"]) == ("in-process", 2, 3)
     assert r["completion_tokens"] == 15  # ignore_eos forces the length
-    lengths = [len(engine.apply_chat_template(m)) for m in make_conversations(3, 8, 40, 0)]
+    lengths = [len(chat_prompt_ids(engine.tokenizer, m)) for m in make_conversations(3, 8, 40, 0)]
     assert r["prompt_tokens_mean"] == round(sum(lengths) / 3, 1)
     assert r["prefix_cached_tokens"] >= 2 * 32  # later requests hit the system prompt
     assert 0 < r["ttft_ms"]["p50"] <= r["ttft_ms"]["p99"]

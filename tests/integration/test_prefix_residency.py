@@ -16,6 +16,7 @@ import pytest
 from app.engine.engine import EngineConfig, LLMEngine
 from app.engine.scheduler import SchedulerConfig
 from app.engine.types import SamplingParams
+from backends.llamacpp.residency import SavedPrefix, Slot
 from backends.llamacpp.runner import LlamaCppRunner
 
 N_TOKENS = 6
@@ -109,20 +110,20 @@ def test_runner_bookkeeping_after_release_and_evict(embedded_model_path):
 
     runner = LlamaCppRunner(embedded_model_path, max_seqs=2, kv_tokens=8 * 16, block_size=16,
                             kv_layout="unified", n_threads=2)
+    res = runner.residency
     tokens = list(range(1000, 1040))  # 40 tokens: blocks 5, 6 full, block 7 partial
     runner.execute([BatchItem(0, tokens, 0, [5, 6, 7], [39])])
-    assert runner._holders == {5: {0}, 6: {0}, 7: {0}}
+    assert res.held_blocks() == {5: {Slot(0)}, 6: {Slot(0)}, 7: {Slot(0)}}
     runner.release(0, 2)  # blocks 5 and 6 are cached, 7 is dropped
-    assert runner._holders == {}
-    assert runner._saved_holders == {5: {0}, 6: {0}}
-    assert runner._saved[0][1] == [5, 6]
+    assert res.held_blocks() == {5: {SavedPrefix(0)}, 6: {SavedPrefix(0)}}
+    assert res.saved_prefixes() == {0: [5, 6]}
     runner.share_blocks(1, [5, 6])  # restored from host memory into slot 1
-    assert runner._holders == {5: {1}, 6: {1}}
+    assert res.held_blocks() == {5: {Slot(1), SavedPrefix(0)}, 6: {Slot(1), SavedPrefix(0)}}
     runner.evict([6])
-    assert runner._slot_blocks[1] == [5, None]
-    assert runner._saved[0][1] == [5, None]
+    assert res.slot_blocks(1) == [5, None]
+    assert res.saved_prefixes() == {0: [5, None]}
     runner.evict([5])
-    assert runner._saved == {} and runner._holders == {}
+    assert res.saved_prefixes() == {} and res.held_blocks() == {}
     runner.close()
 
 
@@ -140,14 +141,15 @@ def test_split_layout_copies_prefixes_between_streams(embedded_model_path):
     in_place = runner.execute([BatchItem(0, tokens[32:], 32, [5, 6, 7], [6, 7])]).copy()
 
     assert runner.share_blocks(1, [5, 6]) == 2  # copied from running slot 0's stream
-    assert runner._holders == {5: {0, 1}, 6: {0, 1}, 7: {0}}
+    res = runner.residency
+    assert res.held_blocks() == {5: {Slot(0), Slot(1)}, 6: {Slot(0), Slot(1)}, 7: {Slot(0)}}
     copied = runner.execute([BatchItem(1, tokens[32:], 32, [5, 6, 8], [6, 7])])
     assert copied.tobytes() == in_place.tobytes()
 
     runner.release(0, 2)  # slot 1 still holds blocks 5 and 6: nothing to save
-    assert runner._saved == {}
+    assert res.saved_prefixes() == {}
     runner.release(1, 2)  # their last holder: saved to host memory
-    assert runner._saved_holders == {5: {0}, 6: {0}} and runner._holders == {}
+    assert res.held_blocks() == {5: {SavedPrefix(0)}, 6: {SavedPrefix(0)}}
 
     assert runner.share_blocks(2, [5, 6]) == 2  # restored into slot 2's stream
     assert runner.share_blocks(0, [5, 6]) == 2  # and into slot 0's
@@ -160,7 +162,7 @@ def test_split_layout_copies_prefixes_between_streams(embedded_model_path):
 
     runner.evict([6])  # the saved prefix keeps block 5 only
     assert runner.share_blocks(1, [5, 6]) == 1
-    assert runner._slot_blocks[1] == [5]
+    assert res.slot_blocks(1) == [5]
     runner.close()
 
 

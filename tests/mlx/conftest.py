@@ -7,39 +7,13 @@ tokens and a few decode steps; the runner and reference are loaded once per sess
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-_CANDIDATES = ("/tmp/smollm2.gguf",)
-
-
-def _find_gguf() -> str | None:
-    env = os.environ.get("TANDEM_TEST_GGUF")
-    if env:
-        return env if Path(env).is_file() else None
-    tandem = Path(sys.executable).with_name("tandem")
-    if tandem.exists():
-        try:
-            out = subprocess.run([str(tandem), "models", "path", "smollm2-135m-instruct"],
-                                 capture_output=True, text=True, timeout=60)
-            path = out.stdout.strip().splitlines()[-1] if out.returncode == 0 else ""
-            if path and Path(path).is_file():
-                return path
-        except (OSError, subprocess.TimeoutExpired, IndexError):
-            pass
-    return next((p for p in _CANDIDATES if Path(p).is_file()), None)
 
 
 @pytest.fixture(scope="session")
-def gguf_path() -> str:
-    path = _find_gguf()
-    if path is None:
-        pytest.skip("embedded model GGUF not found (set TANDEM_TEST_GGUF)")
-    return path
+def gguf_path(embedded_model) -> str:
+    """The embedded GGUF (see `tests/conftest.py:embedded_model` for when it is there)."""
+    return str(embedded_model)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Reference results from llama.cpp (llama-cpp-python's low-level API) for MLX parity tests.
 
-Loads the same GGUF on the CPU with `use_extra_bufts=False` (AMX repacking raises SIGILL in
-this sandbox, shared/notes/llamacpp.md §2) and returns tokens and next-token logits.
+Loads the same GGUF on the CPU as the runner does (`backends.llamacpp.runtime.load_model`:
+the quiet backend and the AMX workaround) and returns tokens and next-token logits.
 """
 
 from __future__ import annotations
@@ -9,17 +9,6 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
-
-_QUIET = None  # the ctypes log callback; llama.cpp keeps one process-wide pointer to it
-
-
-def _quiet_llama_log(lc) -> None:
-    """Silence llama.cpp's per-tensor load log. The callback lives at module level: one held
-    by an instance would be freed with it while llama.cpp still calls it (a segfault)."""
-    global _QUIET
-    if _QUIET is None:
-        _QUIET = lc.llama_log_callback(lambda level, text, data: None)
-        lc.llama_log_set(_QUIET, ctypes.c_void_p())
 
 
 class LlamaCppRef:
@@ -32,15 +21,10 @@ class LlamaCppRef:
     def __init__(self, path: str, n_ctx: int = 256, flash_attn: bool | None = None):
         import llama_cpp as lc
 
+        from backends.llamacpp.runtime import load_model
+
         self.lc = lc
-        # silence llama.cpp's per-tensor load log; keep the ctypes callback alive
-        _quiet_llama_log(lc)
-        lc.llama_backend_init()
-        mp = lc.llama_model_default_params()
-        mp.use_extra_bufts = False
-        self.model = lc.llama_model_load_from_file(path.encode(), mp)
-        if not self.model:
-            raise RuntimeError(f"llama.cpp could not load {path}")
+        self.model = load_model(path)
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         cp = lc.llama_context_default_params()

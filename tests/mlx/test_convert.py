@@ -1,4 +1,4 @@
-"""`models.convert`: a GGUF converted to an MLX directory loads and computes the same logits."""
+"""`backends.mlx.convert`: a GGUF converted to an MLX directory loads and computes the same logits."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from backends.base import BatchItem  # noqa: E402
 
 
 def test_converted_dir_matches_gguf(gguf_path, mlx_runner, tmp_path):
+    from backends.mlx.convert import convert_gguf_to_mlx, is_current
     from backends.mlx.runner import MLXRunner
-    from models.convert import convert_gguf_to_mlx, is_current
 
     out = convert_gguf_to_mlx(gguf_path, tmp_path / "smol", dtype="float32")
     assert is_current(out, gguf_path)

@@ -89,12 +89,12 @@ def test_export_import_round_trip(mlx_runner):
     ids = mlx_runner.tokenizer.encode("Bonjour, je m'appelle")
     n = len(ids)
     mlx_runner.execute([BatchItem(0, ids[:-1], 0, [14], [])])
-    kv = mlx_runner.export_kv([14], 0, n - 1)
+    kv = mlx_runner.export_kv(0, [14], 0, n - 1)
     info = mlx_runner.info
     assert len(kv) == info.n_layers
     assert kv[0][0].shape == (n - 1, info.n_kv_heads, info.head_dim)
     assert kv[0][0].dtype == np.float16
-    mlx_runner.import_kv([15], 0, kv)
+    mlx_runner.import_kv(1, [15], 0, kv)
     # the last prompt token computed on imported KV == computed on the original KV
     # (the original was f32; the wire format is f16, so allow f16 rounding)
     on_import = mlx_runner.execute([BatchItem(1, ids[-1:], n - 1, [15], [0])])[0]
@@ -102,7 +102,7 @@ def test_export_import_round_trip(mlx_runner):
     assert int(np.argmax(on_import)) == int(np.argmax(on_orig))
     np.testing.assert_allclose(on_import, on_orig, atol=0.1)
     with pytest.raises(ValueError):
-        mlx_runner.import_kv([15], 0, kv[:-1])
+        mlx_runner.import_kv(1, [15], 0, kv[:-1])
 
 
 def test_rejects_bad_batches(mlx_runner):

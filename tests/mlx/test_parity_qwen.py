@@ -28,9 +28,9 @@ MODEL = "qwen2.5-coder-1.5b-instruct"
 
 @pytest.fixture(scope="module")
 def qwen_path() -> str:
-    from models.store import resolve_model
+    from tests.conftest import store_model
 
-    return str(resolve_model(MODEL))  # fetched once into the model store if missing
+    return str(store_model(MODEL))  # skips when missing, unless TANDEM_FETCH_TEST_MODELS=1
 
 
 def _mlx_greedy(path: str):
@@ -45,6 +45,7 @@ def _mlx_greedy(path: str):
         runner.close()
 
 
+@pytest.mark.slow
 def test_greedy_continuations_agree_with_llamacpp_on_most_prompts(qwen_path):
     from tests.mlx.llamacpp_ref import LlamaCppRef
 

@@ -1,9 +1,8 @@
-"""Pilot tests of the conversation flow against the scripted fake engine."""
+"""Pilot tests of the conversation flow against the real engine over a scripted runner."""
 
 from __future__ import annotations
 
 from tests.tui.conftest import SIZE, ready, reply_done, send, wait_until
-from tests.tui.fake_engine import FakeEngine
 from tui.widgets.conversation import ErrorView, MessageView
 
 
@@ -11,8 +10,8 @@ def texts(app) -> list[tuple[str, str]]:
     return [(v.role, v.text) for v in app.conversation.messages()]
 
 
-async def test_send_streams_markdown_reply_and_updates_status(make_app):
-    engine = FakeEngine(["Here is code:\n\n```python\nprint('hi')\n```\n\nDone."])
+async def test_send_streams_markdown_reply_and_updates_status(make_app, scripted):
+    engine = scripted(["Here is code:\n\n```python\nprint('hi')\n```\n\nDone."])
     app = make_app(engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
@@ -29,14 +28,16 @@ async def test_send_streams_markdown_reply_and_updates_status(make_app):
         info = app.status.info
         assert info.state == "ready"
         assert round(info.ttft_s, 3) == 0.05 and round(info.decode_tok_s) == 100
-        assert info.context_tokens and info.context_length == 4096
-        assert info.kv is not None and info.kv[0] > 0
+        # ctx: the 36-token prompt, the 47-token reply and its EOS.
+        assert (info.context_tokens, info.context_length) == (84, 4096)
+        # KV: the finished reply's blocks are free again (and stay in the prefix cache).
+        assert info.kv == (0, 256)
         # The chat is titled from the first message.
-        assert app.chat.title == "show me code"
+        assert app.session.chat.title == "show me code"
 
 
-async def test_second_turn_resends_history_and_reuses_prefix(make_app):
-    engine = FakeEngine(["first answer " * 20, "second answer"])
+async def test_second_turn_resends_history_and_reuses_prefix(make_app, scripted):
+    engine = scripted(["first answer " * 20, "second answer"])
     app = make_app(engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
@@ -44,7 +45,7 @@ async def test_second_turn_resends_history_and_reuses_prefix(make_app):
         await reply_done(pilot)
         await send(pilot, "two")
         await reply_done(pilot)
-        messages, _, _ = engine.submitted[-1]
+        messages = engine.submitted[-1].messages
         assert [m["role"] for m in messages] == ["user", "assistant", "user"]
         assert messages[1]["content"].startswith("first answer")
         assert app.status.info.cached_tokens > 0
@@ -61,21 +62,19 @@ async def test_enter_sends_and_ctrl_j_inserts_newline(make_app):
         assert texts(app)[0] == ("user", "a\nb")
 
 
-async def test_escape_stops_reply_and_keeps_partial(make_app):
-    engine = FakeEngine(["one two three four five six"])
-    engine.hold()
-    app = make_app(engine)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "count")
-        await wait_until(pilot, lambda: app.busy and app.conversation.messages()[-1].text)
+async def test_escape_stops_reply_and_keeps_partial(held_reply):
+    # Esc lands while the step for the third token runs; that step completes.
+    async with held_reply(["one two three four five six"], "count", after_tokens=2) as (
+        pilot, engine
+    ):
+        app = pilot.app
         await pilot.press("escape")
         await reply_done(pilot)
-        assert engine.cancelled == ["req-1"]
+        assert engine.cancelled == ["req-0"]
         reply = app.conversation.messages()[-1]
         assert reply.text == "one"
         assert "stopped" in str(reply.query_one(".note").render())
-        stored = app.store.messages(app.chat.id)
+        stored = app.session.store.messages(app.session.chat.id)
         assert stored[-1].meta["finish_reason"] == "abort"
         # The app is still usable after a stop.
         engine.release()
@@ -84,8 +83,8 @@ async def test_escape_stops_reply_and_keeps_partial(make_app):
         assert texts(app)[-1] == ("assistant", "You said: again")
 
 
-async def test_regenerate_replaces_last_reply(make_app):
-    engine = FakeEngine(["first try", "second try"])
+async def test_regenerate_replaces_last_reply(make_app, scripted):
+    engine = scripted(["first try", "second try"])
     app = make_app(engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
@@ -94,9 +93,9 @@ async def test_regenerate_replaces_last_reply(make_app):
         await pilot.press("ctrl+r")
         await reply_done(pilot)
         assert texts(app) == [("user", "hello"), ("assistant", "second try")]
-        assert [m.content for m in app.store.messages(app.chat.id)] == ["hello", "second try"]
+        assert [m.content for m in app.session.store.messages(app.session.chat.id)] == ["hello", "second try"]
         # The regenerated request carried the same history (without the old reply).
-        assert [m["content"] for m in engine.submitted[-1][0]] == ["hello"]
+        assert [m["content"] for m in engine.submitted[-1].messages] == ["hello"]
 
 
 async def test_edit_last_message_and_resend(make_app):
@@ -121,23 +120,23 @@ async def test_new_chat_and_switch_back_from_sidebar(make_app):
         await ready(pilot)
         await send(pilot, "first chat")
         await reply_done(pilot)
-        first_id = app.chat.id
+        first_id = app.session.chat.id
         await pilot.press("ctrl+n")
-        await wait_until(pilot, lambda: app.chat.id != first_id)
+        await wait_until(pilot, lambda: app.session.chat.id != first_id)
         assert texts(app) == []
         await send(pilot, "second chat")
         await reply_done(pilot)
-        chats = app.store.list_chats()
+        chats = app.session.store.list_chats()
         assert [c.title for c in chats] == ["second chat", "first chat"]
         sidebar = app.query_one("#sidebar")
         sidebar.focus()
         await pilot.press("down", "enter")
-        await wait_until(pilot, lambda: app.chat.id == first_id)
+        await wait_until(pilot, lambda: app.session.chat.id == first_id)
         assert texts(app)[0] == ("user", "first chat")
 
 
-async def test_context_full_is_shown_with_hint(make_app):
-    app = make_app(FakeEngine(context_length=8))
+async def test_context_full_is_shown_with_hint(make_app, scripted):
+    app = make_app(scripted(context_length=8))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await send(pilot, "this message is far too long for a context of eight tokens")
@@ -149,52 +148,46 @@ async def test_context_full_is_shown_with_hint(make_app):
 
 async def test_model_missing_is_shown_not_crashed(make_app, db_path):
     from tui.app import ChatApp
-    from tui.engine_backend import EngineBackend
+    from tui.engine_client import EngineClient
     from tui.store import ChatStore
 
     def missing(name):
         raise FileNotFoundError(f"{name} is not in the model store")
 
     store = ChatStore(db_path)
-    app = ChatApp(EngineBackend("nope", factory=missing), store)
+    app = ChatApp(EngineClient("nope", factory=missing), store)
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: app.status.info.state == "error")
         banner = app.query_one("#banner")
         assert banner.display and "Model not found" in str(banner.render())
-        await send(pilot, "hello")  # refused politely
-        assert not app.busy and isinstance(app.conversation.children[0], object)
-        assert not app.query(MessageView)
+        await send(pilot, "hello")  # refused politely: kept in the prompt, nothing sent
+        await pilot.pause()
+        assert app.prompt.text == "hello"
+        assert not app.busy and not app.query(MessageView)
+        assert app.session.store.messages(app.session.chat.id) == []
+        assert app.session.chat.title == "New chat"  # not titled from an unsent message
     store.close()
 
 
-async def test_quit_while_streaming_stores_the_partial_reply(make_app):
-    engine = FakeEngine(["a b c d e f g"])
-    engine.hold()
-    app = make_app(engine)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "go")
-        await wait_until(pilot, lambda: app.busy and app.conversation.messages()[-1].text)
-        chat_id = app.chat.id
+async def test_quit_while_streaming_stores_the_partial_reply(held_reply):
+    # "a" is on screen at ctrl+q; the step in flight adds "b" before the abort.
+    async with held_reply(["ab c d e f g"], "go") as (pilot, engine):
+        app = pilot.app
+        chat_id = app.session.chat.id
         await pilot.press("ctrl+q")
     assert app.return_code == 0
-    assert engine.cancelled == ["req-1"]
-    stored = app.store.messages(chat_id)
-    assert [(m.role, m.content) for m in stored] == [("user", "go"), ("assistant", "a")]
+    assert engine.cancelled == ["req-0"]
+    stored = app.session.store.messages(chat_id)
+    assert [(m.role, m.content) for m in stored] == [("user", "go"), ("assistant", "ab")]
     assert stored[-1].meta["finish_reason"] == "abort"
 
 
-async def test_ctrl_c_stops_a_reply_then_quits(make_app):
-    engine = FakeEngine(["a b c d"])
-    engine.hold()
-    app = make_app(engine)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "go")
-        await wait_until(pilot, lambda: app.busy)
+async def test_ctrl_c_stops_a_reply_then_quits(held_reply):
+    async with held_reply(["a b c d"], "go") as (pilot, engine):
+        app = pilot.app
         await pilot.press("ctrl+c")
         await reply_done(pilot)
-        assert app.is_running and engine.cancelled
+        assert app.is_running and engine.cancelled == ["req-0"]
         await pilot.press("ctrl+c")
         await pilot.pause()
     assert app.return_code == 0

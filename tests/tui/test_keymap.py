@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from tests.tui.conftest import SIZE, ready, reply_done, send, wait_until
-from tests.tui.fake_engine import FakeEngine
 from tui.config import load_config
 from tui.keymap import ALL_KEYS
 from tui.screens.help import HelpScreen
@@ -27,11 +26,11 @@ def test_config_file_parsing(tmp_path):
     assert load_config(tmp_path / "missing.toml").keymap == {}
 
 
-async def test_keymap_override_is_applied(make_app, tmp_path):
+async def test_keymap_override_is_applied(make_app, scripted, tmp_path):
     path = tmp_path / "config.toml"
     path.write_text('[keymap]\n"reply.regenerate" = "f11"\n"input.send" = "ctrl+s"\n')
     config = load_config(path)
-    engine = FakeEngine(["one", "two"])
+    engine = scripted(["one", "two"])
     app = make_app(engine, config)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
@@ -59,23 +58,20 @@ async def test_theme_cycles_and_persists(make_app):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
+        assert app.theme == "textual-dark"
         await pilot.press("f9")
-        theme = app.theme
+        assert app.theme == "nord"
+        await pilot.press("f9")
+        assert app.theme == "gruvbox"
     app2 = make_app()
     async with app2.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        assert app2.theme == theme
+        assert app2.theme == "gruvbox"
 
 
-async def test_send_ignored_while_streaming(make_app):
-    engine = FakeEngine(["a b c"])
-    engine.hold()
-    app = make_app(engine)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "first")
-        await wait_until(pilot, lambda: app.busy)
+async def test_send_ignored_while_streaming(held_reply):
+    async with held_reply(["a b c"], "first") as (pilot, engine):
         await send(pilot, "second")
-        assert len(engine.submitted) == 1 and app.prompt.text == "second"
+        assert len(engine.submitted) == 1 and pilot.app.prompt.text == "second"
         engine.release()
         await reply_done(pilot)

@@ -1,15 +1,15 @@
-"""The chat against the embedded model in-process (skips if the model is not in the store)."""
+"""The chat against the embedded model in-process (skips without it: `embedded_model`)."""
 
 from __future__ import annotations
 
 import pytest
 
+from models.registry import DEFAULT_MODEL
 from tests.tui.conftest import SIZE, send, wait_until
-from tests.tui.real_model import DEFAULT_MODEL, link_store
 from tui.app import ChatApp
+from tui.chat_settings import ChatSettings
 from tui.config import ChatConfig
-from tui.engine_backend import EngineBackend
-from tui.settings import ChatSettings
+from tui.engine_client import EngineClient
 from tui.store import ChatStore
 from tui.widgets.conversation import ErrorView
 
@@ -22,7 +22,7 @@ async def turn(pilot, text: str, n_messages: int) -> None:
     await send(pilot, text)
 
     def settled() -> bool:
-        stored = len(app.store.messages(app.chat.id)) >= n_messages
+        stored = len(app.session.store.messages(app.session.chat.id)) >= n_messages
         return (stored and not app.busy) or bool(app.conversation.query(ErrorView))
 
     await wait_until(pilot, settled, timeout=180)
@@ -30,12 +30,11 @@ async def turn(pilot, text: str, n_messages: int) -> None:
     assert not errors, errors
 
 
-async def test_real_reply_streams_with_stats(_tandem_home, db_path):
-    link_store(_tandem_home)
-    backend = EngineBackend(DEFAULT_MODEL)
+async def test_real_reply_streams_with_stats(model_home, db_path):
+    client = EngineClient(DEFAULT_MODEL)
     store = ChatStore(db_path)
     config = ChatConfig(defaults=ChatSettings(temperature=0.0, max_tokens=24))
-    app = ChatApp(backend, store, config)
+    app = ChatApp(client, store, config)
     try:
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: app.status.info.state != "loading", timeout=120)
@@ -51,5 +50,5 @@ async def test_real_reply_streams_with_stats(_tandem_home, db_path):
             await turn(pilot, "And of Germany?", 4)
             assert app.status.info.cached_tokens and app.status.info.cached_tokens > 0
     finally:
-        backend.close()
+        client.close()
         store.close()

@@ -1,15 +1,14 @@
 """Layout snapshots (pytest-textual-snapshot). Regenerate with `--snapshot-update` after an
-intended UI change and review the SVG diff. Deterministic: fixed size, the fake engine's
-fixed timings, no clock in the UI."""
+intended UI change and review the SVG diff. Deterministic: fixed size, the scripted
+engine's step clock, no clock in the UI."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.tui.conftest import SIZE, ready, reply_done, send, wait_until
-from tests.tui.fake_engine import FakeEngine
 from tui.app import ChatApp
-from tui.engine_backend import EngineBackend
+from tui.engine_client import EngineClient
 from tui.store import ChatStore
 
 REPLY = """Sure. A list comprehension builds a list in one expression:
@@ -40,8 +39,8 @@ def _done(*texts: str):
     return run_before
 
 
-def test_conversation(snap_compare, make_app):
-    app = make_app(FakeEngine(["Hello! How can I help?", REPLY]))
+def test_conversation(snap_compare, make_app, scripted):
+    app = make_app(scripted(["Hello! How can I help?", REPLY]))
     assert snap_compare(app, terminal_size=SIZE, run_before=_done("hi", "Show me a list comprehension"))
 
 
@@ -65,8 +64,8 @@ def test_settings_screen(snap_compare, make_app):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
 
 
-def test_context_full(snap_compare, make_app):
-    app = make_app(FakeEngine(context_length=40))
+def test_context_full(snap_compare, make_app, scripted):
+    app = make_app(scripted(context_length=40))
     assert snap_compare(
         app, terminal_size=SIZE, run_before=_done("a question far too long for this tiny context")
     )
@@ -78,7 +77,7 @@ def missing_model_app(db_path):
         raise FileNotFoundError(f"{name} is not in the model store")
 
     store = ChatStore(db_path)
-    yield ChatApp(EngineBackend("smollm2-135m-instruct", factory=missing), store)
+    yield ChatApp(EngineClient("smollm2-135m-instruct", factory=missing), store)
     store.close()
 
 

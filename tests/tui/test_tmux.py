@@ -2,7 +2,7 @@
 
 Types a question in one burst (characters and Enter together, as a fast typist or a paste
 would), waits for an answer, presses Esc and Ctrl+Q, and checks a clean exit. Skips without
-tmux or without the embedded model.
+tmux or without the embedded model (`embedded_model`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from tests.tui.real_model import link_store
 
 pytestmark = pytest.mark.model
 
@@ -60,8 +58,8 @@ class Tmux:
 
 
 @pytest.mark.skipif(TMUX is None, reason="tmux is not installed")
-def test_chat_in_tmux(_tandem_home, tmp_path):
-    home = link_store(_tandem_home)
+def test_chat_in_tmux(model_home, tmp_path):
+    home = model_home
     # Short greedy replies keep the test quick on two cores.
     (home / "config.toml").write_text("[defaults]\ntemperature = 0.0\nmax_tokens = 32\n")
     exit_file = tmp_path / "exit"

@@ -3,7 +3,7 @@
 import asyncio
 
 from app.engine.async_engine import AsyncEngine
-from tests.unit.test_scheduler import greedy, make, planned
+from tests.unit.helpers import greedy, make, planned
 
 
 async def _run(engine: AsyncEngine, prompts: list[list[int]], apart_s: float) -> list[list[int]]:

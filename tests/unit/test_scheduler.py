@@ -2,33 +2,8 @@
 
 import pytest
 
-from app.engine.engine import EngineConfig, LLMEngine
-from app.engine.scheduler import SchedulerConfig
 from app.engine.types import PromptTooLongError, SamplingParams
-from tests.fake_runner import FakeRunner
-
-
-def make(num_blocks=64, block_size=4, budget=8, max_seqs=4, slots=8):
-    runner = FakeRunner(num_blocks=num_blocks, block_size=block_size, max_seqs=slots)
-    cfg = EngineConfig(context_length=1024, scheduler=SchedulerConfig(
-        max_num_seqs=max_seqs, max_num_batched_tokens=budget))
-    return runner, LLMEngine(runner, cfg)
-
-
-def greedy(n):
-    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-
-
-def planned(runner, step=-1):
-    return [(i.slot, i.start_pos, len(i.tokens), i.logits_indices) for i in runner.steps[step]]
-
-
-def run_all(engine):
-    outs = {}
-    while engine.has_work():
-        for o in engine.step():
-            outs.setdefault(o.request_id, []).extend(o.token_ids)
-    return outs
+from tests.unit.helpers import greedy, make, planned, run_all
 
 
 def test_token_budget_and_chunked_prefill():
@@ -91,11 +66,11 @@ def test_prefix_hit_shares_cached_blocks_with_exact_ids():
     run_all(eng)
     assert runner.calls == [("release", 0, 2)]  # a's two full blocks stay cached
     eng.add_request("b", prompt, greedy(1))
-    eng.step()
+    (b_out,) = eng.step()
     assert runner.calls[1] == ("share", 0, [0, 1])  # slot 0 is free again
     assert planned(runner) == [(0, 8, 2, [1])]  # only the tail is computed
-    b_out = eng.step() or None
-    assert b_out is None
+    assert b_out.finished and b_out.finish_reason == "length" and b_out.token_ids == [11]
+    assert not eng.has_work()
 
 
 def test_partial_share_recomputes_the_rest_into_the_same_blocks():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -285,7 +286,7 @@ def test_hf_source_goes_through_hf_hub_download(home, monkeypatch, tmp_path):
 def test_registry_entries_are_consistent():
     assert registry.DEFAULT_MODEL in registry.MODELS
     for entry in registry.MODELS.values():
-        assert len(entry.sha256) == 64 and int(entry.sha256, 16) >= 0
+        assert re.fullmatch("[0-9a-f]{64}", entry.sha256), entry.sha256
         assert entry.filename.endswith(".gguf") and entry.sources
         for source in entry.sources:
             if isinstance(source, MultiPartSource):

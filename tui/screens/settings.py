@@ -8,7 +8,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
-from tui.settings import ChatSettings
+from tui.chat_settings import ChatSettings
 
 # (field, label, kind): kind is how the Input text is parsed; "opt" fields may be empty.
 FIELDS = [
@@ -45,7 +45,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     """
 
     def __init__(self, settings: ChatSettings, title: str, models: list[str], default_model: str):
-        """`models`: names the backend can switch to; `default_model`: what None means."""
+        """`models`: names the client can switch to; `default_model`: what None means."""
         super().__init__()
         self._settings = settings
         self._title = title

@@ -8,6 +8,8 @@ from textual.widgets import LoadingIndicator, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 ROLE_LABELS = {"user": "You", "assistant": "Assistant", "system": "System"}
+# The note under a reply, by the finish reason stored with it ("stop": no note).
+FINISH_NOTES = {"abort": "stopped", "length": "cut off: max tokens or context reached"}
 
 
 class MessageView(Vertical):

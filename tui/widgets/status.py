@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from textual.widgets import Static
+from rich.text import Text
+from textual.widget import Widget
 
 
 @dataclass(slots=True)
@@ -49,18 +51,25 @@ def format_status(info: StatusInfo) -> str:
     return " │ ".join(parts)
 
 
-class StatusBar(Static):
-    """Renders a `StatusInfo`; the app mutates `info` and calls `refresh_info()`."""
+class StatusBar(Widget):
+    """Renders a `StatusInfo`; the app changes it through `update(**fields)`."""
 
     DEFAULT_CSS = """
     StatusBar { height: 1; background: $panel; color: $text; padding: 0 1; }
     StatusBar.error { background: $error 40%; }
     """
 
-    def __init__(self, **kwargs):
-        super().__init__("", markup=False, **kwargs)
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
         self.info = StatusInfo()
 
-    def refresh_info(self) -> None:
-        self.update(format_status(self.info))
+    def update(self, **fields: Any) -> None:
+        """Set the given `StatusInfo` fields (e.g. `state="ready"`) and redraw.
+        Raises AttributeError for a name that is not a `StatusInfo` field."""
+        for name, value in fields.items():
+            setattr(self.info, name, value)  # slots: a misspelt field raises
         self.set_class(self.info.state == "error", "error")
+        self.refresh()
+
+    def render(self) -> Text:
+        return Text(format_status(self.info))  # Text, not str: model names are not markup

@@ -1,0 +1,158 @@
+"""Speculative-decoding benchmark: tokens/s per mode, workload and concurrency, with ratios
+against speculation off measured in the same run (`tandem bench --spec ...`).
+
+Workloads:
+- code-edit: "rename this variable in the code below" (copy-heavy: n-gram drafts);
+- prediction: the same requests with the original code as OpenAI `prediction`;
+- free: free writing (few useful drafts).
+Each (workload, concurrency) cell runs every mode back to back on one runner through the
+synchronous engine, greedy, in the split KV layout, so every mode produces the same tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from app.bench.stats import ratio
+from app.engine.config import EngineConfig, SchedulerConfig, SpecConfig
+from app.engine.engine import LLMEngine
+from app.engine.spec_decode.controller import StepTimeCurve
+from app.engine.spec_decode.speculator import Speculator
+from app.engine.types import SamplingParams
+from app.prompts import chat_prompt_ids
+from backends.base import Runner
+
+CODE = [
+    '''def total_price(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal += item.price * item.quantity
+    discount = 0
+    if subtotal > 100:
+        discount = subtotal * 0.05
+    tax = (subtotal - discount) * tax_rate
+    return subtotal - discount + tax
+''',
+    '''class Counter:
+    def __init__(self):
+        self.count = 0
+
+    def increment(self, step=1):
+        self.count += step
+        return self.count
+
+    def reset(self):
+        self.count = 0
+        return self.count
+''',
+]
+RENAMES = [("subtotal", "net"), ("count", "value")]
+TOPICS = ["a lighthouse keeper", "a robot learning to paint", "a city under the sea",
+          "the last day of summer", "a dragon who collects clocks", "a train that never stops"]
+WORKLOADS = ("code-edit", "prediction", "free")
+
+
+def requests_for(workload: str, runner: Runner, n: int, max_tokens: int
+                 ) -> list[tuple[list[int], SamplingParams]]:
+    """`n` (prompt ids, params) of `workload`; greedy."""
+    out = []
+    for i in range(n):
+        if workload == "free":
+            text = f"Write a short story about {TOPICS[i % len(TOPICS)]}."
+            prediction = None
+        else:
+            code = CODE[i % len(CODE)]
+            old, new = RENAMES[i % len(RENAMES)]
+            text = f"Rename the variable {old} to {new} in the code below.\n\n```python\n{code}```"
+            prediction = (runner.tokenizer.encode(f"```python\n{code}```")
+                          if workload == "prediction" else None)
+        prompt = chat_prompt_ids(runner.tokenizer, [{"role": "user", "content": text}])
+        out.append((prompt, SamplingParams(temperature=0, max_tokens=max_tokens,
+                                           prediction=prediction)))
+    return out
+
+
+def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context: int,
+             num_draft_tokens: int = 8) -> dict:
+    """Serve `requests` together under `mode`; tokens/s, acceptance and chosen k."""
+    runner.evict(list(range(runner.num_blocks)))  # nothing cached from an earlier cell
+    config = EngineConfig(context_length=context, enable_prefix_caching=False,
+                          scheduler=SchedulerConfig(max_num_seqs=runner.max_seqs,
+                                                    max_num_batched_tokens=512))
+    speculator = None
+    if mode != "off":
+        speculator = Speculator(SpecConfig(mode=mode, num_draft_tokens=num_draft_tokens),
+                                curve, context)
+    engine = LLMEngine(runner, config, speculator=speculator)
+    for i, (prompt, params) in enumerate(requests):
+        engine.add_request(str(i), prompt, params)
+    tokens: dict[str, list[int]] = {}
+    steps = 0
+    t0 = time.perf_counter()
+    first = None
+    while engine.has_work():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.token_ids)
+            if first is None:
+                first = time.perf_counter()
+        steps += 1
+    wall = time.perf_counter() - (first or t0)
+    n_tokens = sum(len(t) for t in tokens.values()) - len(requests)  # decode tokens
+    stats = speculator.stats.snapshot() if speculator else {}
+    drafted = stats.get("draft_tokens", 0)
+    return {
+        "mode": mode,
+        "decode_tok_s": round(n_tokens / wall, 2) if wall > 0 else None,
+        "per_user_tok_s": round(n_tokens / wall / len(requests), 2) if wall > 0 else None,
+        "steps": steps,
+        "draft_tokens": drafted,
+        "acceptance": round(stats["accepted_tokens"] / drafted, 3) if drafted else None,
+        "chosen_k": stats.get("chosen_k", {}),
+        "tokens": [tokens[str(i)] for i in range(len(requests))],
+    }
+
+
+def run_spec_bench(runner: Runner, curve: StepTimeCurve, workloads, levels, modes,
+                   max_tokens: int, emit: Callable[[dict], None]) -> list[dict]:
+    """Every (workload, concurrency) cell: each mode, ratio against off, and whether every
+    mode gave off's tokens (`same_tokens`)."""
+    results = []
+    context = min(runner.max_seq_tokens, 2048)
+    for workload in workloads:
+        for c in levels:
+            reqs = requests_for(workload, runner, c, max_tokens)
+            cells = {m: run_cell(runner, reqs, m, curve, context) for m in ("off", *modes)}
+            base = cells["off"]
+            for cell in cells.values():
+                row = {"workload": workload, "concurrency": c, **cell,
+                       "ratio_vs_off": ratio(cell["decode_tok_s"], base["decode_tok_s"]),
+                       "same_tokens": cell["tokens"] == base["tokens"]}
+                del row["tokens"]
+                emit(row)
+                results.append(row)
+    return results
+
+
+def plot_frontier(results: list[dict], path: str | Path) -> None:
+    """Throughput against per-user tok/s, one line per mode, one panel per workload."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({r["workload"] for r in results})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    for ax, workload in zip(axes[0], workloads, strict=True):
+        rows = [r for r in results if r["workload"] == workload]
+        for mode in dict.fromkeys(r["mode"] for r in rows):
+            pts = sorted((r["per_user_tok_s"], r["decode_tok_s"]) for r in rows
+                         if r["mode"] == mode)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
+        ax.set_title(workload)
+        ax.set_xlabel("per-user tok/s")
+        ax.set_ylabel("aggregate tok/s")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)

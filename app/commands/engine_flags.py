@@ -1,0 +1,124 @@
+"""The engine flags of `run`, `chat`, `serve` and `bench`, mapped onto `EngineArgs` in one
+place: each flag names the field it sets, and its default and help come from there, so the
+commands cannot drift apart."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from app.config import EngineArgs
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer >= `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            shown = text if value is None else value
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {minimum}, got {shown!r}"
+                if minimum != 1 else f"expected a positive integer, got {shown!r}")
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One command-line flag: `field` is a dotted path into `EngineArgs`."""
+
+    name: str
+    field: str
+    help: str
+    type: Callable[[str], Any] | None = str
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    short: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+
+MODEL = Flag("--model", "model", "registry name, path to a .gguf file, or an MLX model "
+             "directory", short="-m", metavar="NAME_OR_PATH")
+BACKEND = Flag("--backend", "backend", "model runner; automatic when unset (see `tandem "
+               "doctor`)", choices=("llamacpp", "mlx"))
+CTX_SIZE = Flag("--ctx-size", "runner.seq_tokens", "context window per sequence, tokens "
+                "(capped by the model's)", positive_int, metavar="TOKENS")
+THREADS = Flag("--threads", "runner.n_threads", "CPU threads of the backend (unset: all "
+               "available CPUs)", positive_int, metavar="N")
+KV_LAYOUT = Flag("--kv-layout", "runner.kv_layout", "llama.cpp KV cache: a stream per "
+                 "sequence (split: faster decode, concurrency x ctx-size cells allocated up "
+                 "front) or one shared pool (unified); auto picks split when that fits 2 GiB",
+                 choices=("auto", "split", "unified"))
+MAX_CONCURRENCY = Flag("--max-concurrency", "runner.max_seqs", "sequences decoded together "
+                       "in one batch", positive_int, metavar="N")
+MAX_QUEUE = Flag("--max-queue", "max_waiting", "requests allowed to wait for a batch slot; "
+                 "beyond that requests get 503", non_negative_int, metavar="N")
+
+SPEC = Flag("--spec", "spec.mode", "speculative decoding: auto (drafts from n-gram prompt "
+            "lookup or a request's prediction, only as many per step as this machine's "
+            "measured step time says pay), ngram (the same), off, or fixed:K (K drafts "
+            "whenever there are any)", metavar="MODE")
+NUM_DRAFT_TOKENS = Flag("--num-draft-tokens", "spec.num_draft_tokens", "most draft tokens "
+                        "per sequence and step", positive_int, metavar="K")
+
+# the flags every command that loads a model takes
+COMMON = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_LAYOUT, SPEC, NUM_DRAFT_TOKENS)
+
+
+def default_of(field: str, defaults: EngineArgs | None = None) -> Any:
+    obj: Any = defaults or EngineArgs()
+    for part in field.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def add_engine_args(parser: argparse.ArgumentParser, flags=COMMON,
+                    defaults: EngineArgs | None = None) -> None:
+    """Add `flags` to `parser`, defaults taken from `defaults` (or `EngineArgs()`) and
+    stated in each help text."""
+    for flag in flags:
+        default = default_of(flag.field, defaults)
+        shown = "automatic" if default is None else default
+        names = [flag.name] + ([flag.short] if flag.short else [])
+        kwargs: dict[str, Any] = {"default": default, "help": f"{flag.help} (default: {shown})",
+                                  "dest": flag.dest}
+        if flag.choices:
+            kwargs["choices"] = flag.choices
+        elif flag.type is not None:
+            kwargs["type"] = flag.type
+        if flag.metavar:
+            kwargs["metavar"] = flag.metavar
+        parser.add_argument(*names, **kwargs)
+
+
+def engine_args_from(ns: argparse.Namespace, flags=COMMON, **overrides: Any) -> EngineArgs:
+    """An `EngineArgs` from parsed flags; `overrides` ({dotted field: value}, dots written
+    as `__`) set what a command decides itself, e.g. `runner__max_seqs=1` for `run`.
+    Raises ValueError for an invalid combination."""
+    args = EngineArgs()
+    values = {flag.field: getattr(ns, flag.dest) for flag in flags if hasattr(ns, flag.dest)}
+    values.update({k.replace("__", "."): v for k, v in overrides.items()})
+    for field, value in values.items():
+        obj: Any = args
+        *parents, last = field.split(".")
+        for part in parents:
+            obj = getattr(obj, part)
+        setattr(obj, last, value)
+    args.runner.__post_init__()
+    args.spec.__post_init__()
+    args.__post_init__()
+    return args

@@ -1,0 +1,59 @@
+"""`EngineArgs`: everything needed to build an engine, in one validated object.
+
+Every entry point (CLI commands, the TUI, the benches) fills one and hands it to
+`app.loader.load_engine`; CLI flags map onto its fields in one place
+(`app.commands.engine_flags`). The engine core's own configs (`SchedulerConfig`,
+`EngineConfig`) and the runner's (`RunnerConfig`) are derived from it, so no default is
+written twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.engine.config import EngineConfig, SchedulerConfig, SpecConfig
+from backends.base import RunnerConfig
+from models.registry import DEFAULT_MODEL
+
+
+@dataclass(slots=True)
+class EngineArgs:
+    """Args:
+    model: registry name, path to a .gguf file, or an MLX model directory.
+    backend: "llamacpp" | "mlx" | None (automatic, see backends.select).
+    runner: slots, context, KV layout, threads (see RunnerConfig); `runner.max_seqs` is
+        also the scheduler's batch size and `runner.seq_tokens` the context window.
+    max_waiting: requests allowed to wait beyond the running ones.
+    enable_prefix_caching: reuse cached prompt blocks.
+    spec: speculative decoding (mode, draft cap).
+    Raises ValueError (in `__post_init__`) for values out of range.
+    """
+
+    model: str = DEFAULT_MODEL
+    backend: str | None = None
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    max_waiting: int = 256
+    enable_prefix_caching: bool = True
+    spec: SpecConfig = field(default_factory=SpecConfig)
+
+    def __post_init__(self) -> None:
+        if self.backend not in (None, "llamacpp", "mlx"):
+            raise ValueError(f"backend must be llamacpp or mlx, not {self.backend!r}")
+        if self.max_waiting < 0:
+            raise ValueError("max_waiting must be >= 0")
+        if not self.model:
+            raise ValueError("model must be given")
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_num_seqs=self.runner.max_seqs,
+            max_num_batched_tokens=self.runner.max_batch_tokens,
+            max_waiting=self.max_waiting,
+        )
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            context_length=self.runner.seq_tokens,
+            scheduler=self.scheduler_config(),
+            enable_prefix_caching=self.enable_prefix_caching,
+        )

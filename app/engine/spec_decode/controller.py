@@ -1,0 +1,134 @@
+"""How many draft tokens each sequence gets this step, from what the machine measures.
+
+The step-time curve t(n) (seconds for a target step computing n tokens, measured at
+start-up) says what an extra verified position costs; a running acceptance estimate per
+sequence and draft position says what it is expected to return. The controller picks the
+total number of draft tokens D that maximises expected tokens per second,
+
+    (decoding sequences + sum of the D largest marginal gains) / t(n_base + D),
+
+where the marginal gain of a sequence's j-th draft token is the probability that drafts
+1..j are all accepted (the product of its per-position acceptance estimates), so each
+sequence's gains fall with j and taking the D largest hands out tokens one at a time to
+the sequence with the most to gain. Evaluating every D (not stopping at the first D that
+does not pay) keeps a curve with flat stretches from hiding a longer draft that pays. D = 0
+wins whenever the step is compute-bound: then every sequence gets k = 0 and the step is
+the plain decode step.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+
+
+class StepTimeCurve:
+    """t(n) in seconds, linear between measured points, made non-decreasing, extrapolated
+    past the last point with the last segment's slope.
+
+    Args:
+        points: {tokens in the step: seconds}; at least one point with n >= 1.
+    Raises ValueError for an empty or non-positive curve.
+    """
+
+    def __init__(self, points: Mapping[int, float]):
+        items = sorted((int(n), float(t)) for n, t in points.items() if n >= 1)
+        if not items or any(t <= 0 for _, t in items):
+            raise ValueError("a step-time curve needs positive times")
+        self.ns = [n for n, _ in items]
+        self.ts = []
+        for _, t in items:
+            self.ts.append(max(t, self.ts[-1]) if self.ts else t)
+
+    def __call__(self, n: int) -> float:
+        ns, ts = self.ns, self.ts
+        if n <= ns[0]:
+            return ts[0] * n / ns[0] if n < ns[0] else ts[0]
+        i = bisect_left(ns, n)
+        if i == len(ns):
+            if len(ns) == 1:
+                return ts[0] * n / ns[0]
+            slope = (ts[-1] - ts[-2]) / (ns[-1] - ns[-2])
+            return ts[-1] + slope * (n - ns[-1])
+        if ns[i] == n:
+            return ts[i]
+        f = (n - ns[i - 1]) / (ns[i] - ns[i - 1])
+        return ts[i - 1] + f * (ts[i] - ts[i - 1])
+
+    def ratios(self) -> dict[int, float]:
+        """t(n) / t(1) at the measured points."""
+        t1 = self(1)
+        return {n: round(t / t1, 3) for n, t in zip(self.ns, self.ts, strict=True)}
+
+
+class AcceptanceEstimate:
+    """Running estimate of P(draft position j accepted | positions before it accepted).
+
+    Counts decay by `decay` per observation of a position, so the estimate follows a
+    sequence whose text turns from copying to free writing; positions not yet observed
+    fall back to `prior` (the proposer's estimate over all sequences) with weight
+    `prior_weight`.
+    """
+
+    def __init__(self, max_k: int, prior: Sequence[float] | float = 0.4,
+                 prior_weight: float = 1.0, decay: float = 0.9):
+        self.max_k = max_k
+        self.decay, self.prior_weight = decay, prior_weight
+        self.prior = ([float(prior)] * max_k if isinstance(prior, float | int)
+                      else list(prior)[:max_k])
+        self.accepted = [0.0] * max_k
+        self.reached = [0.0] * max_k
+
+    def rates(self) -> list[float]:
+        w = self.prior_weight
+        return [(a + p * w) / (r + w)
+                for a, r, p in zip(self.accepted, self.reached, self.prior, strict=True)]
+
+    def forget(self, factor: float) -> None:
+        """Scale the counts by `factor`: the estimate drifts back towards the prior."""
+        self.accepted = [a * factor for a in self.accepted]
+        self.reached = [r * factor for r in self.reached]
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        """One verification: positions 1..num_accepted accepted, position num_accepted+1
+        (if drafted) rejected, later ones never reached."""
+        for j in range(min(num_drafted, num_accepted + 1, self.max_k)):
+            self.accepted[j] = self.accepted[j] * self.decay + (j < num_accepted)
+            self.reached[j] = self.reached[j] * self.decay + 1.0
+
+
+def allocate_drafts(curve: StepTimeCurve, n_base: int, num_decoding: int,
+                    rates: Sequence[Sequence[float]], caps: Sequence[int]) -> list[int]:
+    """Draft tokens per candidate sequence.
+
+    Args:
+        curve: the target's step-time curve.
+        n_base: tokens the step computes without drafts (decodes + prefill chunks).
+        num_decoding: sequences that emit a token this step (expected tokens without drafts).
+        rates: per candidate, conditional acceptance estimates by draft position.
+        caps: per candidate, the most draft tokens it may get (what its proposer offered).
+    Returns k per candidate (same order), maximising expected tokens per second.
+    """
+    heap: list[tuple[float, int, int]] = []  # (-gain, candidate, j)
+    for i, (r, cap) in enumerate(zip(rates, caps, strict=True)):
+        if cap > 0 and r:
+            heapq.heappush(heap, (-r[0], i, 0))
+    ks = [0] * len(caps)
+    best_rate = num_decoding / curve(max(n_base, 1))
+    best_d, taken = 0, []
+    gain_sum, d = 0.0, 0
+    while heap:
+        neg, i, j = heapq.heappop(heap)
+        gain = -neg
+        taken.append(i)
+        d += 1
+        gain_sum += gain
+        rate = (num_decoding + gain_sum) / curve(n_base + d)
+        if rate > best_rate:
+            best_rate, best_d = rate, d
+        if j + 1 < min(caps[i], len(rates[i])):
+            heapq.heappush(heap, (-(gain * rates[i][j + 1]), i, j + 1))
+    for i in taken[:best_d]:
+        ks[i] += 1
+    return ks

@@ -1,0 +1,142 @@
+"""The speculator: before each step, proposes drafts for decoding sequences and lets the
+controller size them; after verification, learns from what was accepted.
+
+Modes (`SpecConfig.mode`): "auto" and "ngram" (prediction drafts where a request brings a
+prediction, n-gram prompt lookup otherwise; the controller sizes every draft), "fixed:K"
+(K tokens whenever a proposer has them: the baseline the benchmark sweeps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from app.engine.config import SpecConfig
+from app.engine.request import Request
+from app.engine.spec_decode.controller import AcceptanceEstimate, StepTimeCurve, allocate_drafts
+from app.engine.spec_decode.proposer import NgramProposer, PredictionProposer, Proposer
+
+
+class SpecStats:
+    """Cumulative counters (for /metrics). accepted = length of each accepted prefix."""
+
+    def __init__(self, max_k: int):
+        self.drafts = 0  # verifications with at least one draft token
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        self.accepted_by_position = [0] * max_k  # accepted at draft position j+1
+        # chosen_k[k]: times a sequence with a proposal got k drafts. A list of fixed size,
+        # so `snapshot` (called from other threads) copies it in one step.
+        self.chosen_k = [0] * (max_k + 1)
+
+    def snapshot(self) -> dict[str, object]:
+        return {
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "accepted_by_position": list(self.accepted_by_position),
+            "chosen_k": {k: n for k, n in enumerate(list(self.chosen_k)) if n},
+        }
+
+
+class Speculator:
+    """Args:
+    config: mode and draft cap.
+    curve: the target's measured step-time curve (needed unless the mode is fixed).
+    context_length: the engine's per-sequence limit; drafts never pass it.
+    Raises ValueError for mode "off" (build no speculator then) or a missing curve.
+    """
+
+    def __init__(self, config: SpecConfig, curve: StepTimeCurve | None, context_length: int):
+        if config.mode == "off":
+            raise ValueError("speculation is off: build no Speculator")
+        if config.fixed_k is None and curve is None:
+            raise ValueError("the adaptive controller needs a step-time curve")
+        self.config = config
+        self.curve = curve
+        self.context_length = context_length
+        self.max_k = config.num_draft_tokens
+        self.proposers: list[Proposer] = [PredictionProposer(), NgramProposer()]
+        # acceptance over all sequences, per kind of draft: the prior of a new sequence.
+        # It starts optimistic so that drafts get tried, and learns from every verification.
+        self.global_estimates: dict[str, AcceptanceEstimate] = {}
+        self.stats = SpecStats(self.max_k)
+
+    def _cap(self, r: Request) -> int:
+        cap = min(self.max_k, self.context_length - r.num_tokens - 1)
+        if r.params.max_tokens is not None:
+            cap = min(cap, r.params.max_tokens - r.num_output_tokens - 1)
+        return cap
+
+    def propose(self, running: Iterable[Request], waiting: Iterable[Request],
+                budget: int) -> None:
+        """Set `spec_token_ids` on the running requests that will decode this step."""
+        n_base = num_decoding = 0
+        candidates: list[tuple[Request, str, list[int]]] = []
+        running = list(running)
+        for r in running:
+            r.spec_token_ids = []
+        for r in running:
+            todo = r.num_tokens - r.num_computed_tokens
+            if todo != 1:
+                n_base += todo  # a prefill chunk
+                continue
+            n_base += 1
+            num_decoding += 1
+            cap = self._cap(r) if r.params.speculative else 0
+            if cap <= 0:
+                continue
+            for proposer in self.proposers:
+                drafts = proposer.propose(r, cap)
+                if drafts:
+                    candidates.append((r, proposer.kind(r), drafts))
+                    break
+        n_base += sum(r.num_tokens - r.num_computed_tokens for r in waiting)
+        n_base = min(n_base, budget)
+        if not candidates:
+            return
+        if self.config.fixed_k is not None:
+            ks = [min(self.config.fixed_k, len(d)) for _, _, d in candidates]
+        else:
+            rates = [self._estimate(r, name).rates() for r, name, _ in candidates]
+            ks = allocate_drafts(self.curve, n_base, num_decoding, rates,
+                                 [len(d) for _, _, d in candidates])
+        for (r, kind, drafts), k in zip(candidates, ks, strict=True):
+            self.stats.chosen_k[k] += 1
+            if k:
+                r.spec_token_ids = drafts[:k]
+                r.spec_state["source"] = kind
+            else:
+                # not tried: let what is known fade towards the prior, slowly, so that a
+                # kind of draft that did badly once is tried again some time later
+                self._estimate(r, kind).forget(0.95)
+                self._global(kind).forget(0.999)
+
+    def _global(self, kind: str) -> AcceptanceEstimate:
+        est = self.global_estimates.get(kind)
+        if est is None:
+            est = self.global_estimates[kind] = AcceptanceEstimate(self.max_k, prior=0.8,
+                                                                   decay=0.98)
+        return est
+
+    def _estimate(self, r: Request, kind: str) -> AcceptanceEstimate:
+        key = "estimate:" + kind
+        est = r.spec_state.get(key)
+        if est is None:
+            est = AcceptanceEstimate(self.max_k, prior=self._global(kind).rates())
+            r.spec_state[key] = est
+        return est
+
+    def observe(self, r: Request, num_drafted: int, num_accepted: int) -> None:
+        """Called by the commit after verifying `num_drafted` drafts of `r`."""
+        name = r.spec_state.get("source", "ngram:0")
+        self._estimate(r, name).observe(num_drafted, num_accepted)
+        self._global(name).observe(num_drafted, num_accepted)
+        s = self.stats
+        s.drafts += 1
+        s.draft_tokens += num_drafted
+        s.accepted_tokens += num_accepted
+        for j in range(min(num_accepted, self.max_k)):
+            s.accepted_by_position[j] += 1
+        if name == "prediction":
+            r.metrics.accepted_prediction_tokens += num_accepted
+            r.metrics.rejected_prediction_tokens += num_drafted - num_accepted

@@ -1,0 +1,82 @@
+"""Prometheus counters of speculative decoding, read from the engine's speculator at scrape time.
+
+Exposed (all counters, cumulative since the engine started; nothing at all when the engine
+has no speculator, i.e. speculation is off or the runner cannot truncate exactly):
+- `tandem_spec_drafts_total`: verifications of a sequence with at least one draft token;
+- `tandem_spec_draft_tokens_total`: draft tokens verified by the target;
+- `tandem_spec_accepted_tokens_total`: of those, accepted (drafts from `prediction` and from
+  n-gram lookup alike; per-request prediction counts are in each response's usage);
+- `tandem_spec_accepted_tokens_by_position_total{position="1".."K"}`: verifications whose
+  draft position j was accepted (so position 1 >= position 2 >= ...); K = the draft cap;
+- `tandem_spec_chosen_k_total{k="0".."K"}`: how often the controller gave a sequence that
+  had a proposal k draft tokens (k=0: drafting would not pay this step).
+
+The speculator's stats are written by the engine's step thread; the scrape copies them
+(ints, a list, a dict) through `SpecStats.snapshot()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+
+def speculator_of(engine: Any) -> Any | None:
+    """The `Speculator` behind an `AsyncEngine` (`engine.engine.speculator`), or None."""
+    return getattr(getattr(engine, "engine", None), "speculator", None)
+
+
+def spec_snapshot(engine: Any) -> dict[str, Any] | None:
+    """The speculator's `stats.snapshot()` plus `max_k`, or None without a speculator.
+    (`SpecStats` keeps fixed-size lists, so the copy is safe from another thread.)"""
+    spec = speculator_of(engine)
+    if spec is None:
+        return None
+    snap = dict(spec.stats.snapshot())
+    snap["max_k"] = int(spec.max_k)
+    return snap
+
+
+class SpecCollector(Collector):
+    """Yields the `tandem_spec_*` families (see the module docstring) on every scrape."""
+
+    def __init__(self, engine: Any):
+        self._engine = engine
+
+    def collect(self) -> Iterable[Metric]:
+        snap = spec_snapshot(self._engine)
+        if snap is None:
+            return
+        yield CounterMetricFamily(
+            "tandem_spec_drafts",
+            "Verifications of a sequence with at least one draft token.",
+            value=int(snap["drafts"]),
+        )
+        yield CounterMetricFamily(
+            "tandem_spec_draft_tokens", "Draft tokens verified by the target.",
+            value=int(snap["draft_tokens"]),
+        )
+        yield CounterMetricFamily(
+            "tandem_spec_accepted_tokens", "Draft tokens the target accepted.",
+            value=int(snap["accepted_tokens"]),
+        )
+        by_pos = CounterMetricFamily(
+            "tandem_spec_accepted_tokens_by_position",
+            "Verifications that accepted the draft token at this position (1-based).",
+            labels=["position"],
+        )
+        for j, count in enumerate(snap["accepted_by_position"]):
+            by_pos.add_metric([str(j + 1)], int(count))
+        yield by_pos
+        chosen = CounterMetricFamily(
+            "tandem_spec_chosen_k",
+            "Draft lengths the controller chose for sequences that had a proposal.",
+            labels=["k"],
+        )
+        counts = {int(k): int(v) for k, v in snap["chosen_k"].items()}
+        for k in range(max(snap["max_k"], *counts, 0) + 1):
+            chosen.add_metric([str(k)], counts.get(k, 0))
+        yield chosen

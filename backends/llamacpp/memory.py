@@ -1,0 +1,37 @@
+"""`residency.MemoryOps` on a llama.cpp context: the four KV-memory calls residency needs."""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp as L
+
+
+class ContextMemory:
+    """Sequence-level KV operations of one `llama_context`. Positions are token positions;
+    `-1` as an end means "to the end", as a start "from 0"."""
+
+    def __init__(self, ctx: L.llama_context_p):
+        self._ctx = ctx
+        self._mem = L.llama_get_memory(ctx)
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Tag `src`'s cells at positions `[p0, p1)` with `dst` too (no copy in one stream)."""
+        L.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        """Drop `seq` from its cells at positions `[p0, p1)`."""
+        L.llama_memory_seq_rm(self._mem, seq, p0, p1)
+
+    def state_get(self, seq: int) -> ctypes.Array:
+        """`seq`'s KV as a host-memory blob. Raises RuntimeError if llama.cpp cannot save it."""
+        size = L.llama_state_seq_get_size(self._ctx, seq)
+        blob = (ctypes.c_uint8 * size)()
+        if L.llama_state_seq_get_data(self._ctx, blob, size, seq) != size:
+            raise RuntimeError("llama.cpp could not save a sequence's KV")
+        return blob
+
+    def state_set(self, seq: int, blob: ctypes.Array) -> None:
+        """Replace `seq`'s KV with a blob from `state_get`. Raises RuntimeError if refused."""
+        if L.llama_state_seq_set_data(self._ctx, blob, len(blob), seq) == 0:
+            raise RuntimeError("llama.cpp refused to restore a saved prefix")

@@ -1,0 +1,62 @@
+"""The adaptive draft controller on exact curves and acceptance estimates."""
+
+import pytest
+
+from app.engine.spec_decode.controller import AcceptanceEstimate, StepTimeCurve, allocate_drafts
+
+# t(n)/t(1) measured on this project's 2-core CPU (raw llama.cpp, embedded model)
+CPU = StepTimeCurve({1: 1.0, 2: 1.48, 3: 2.12, 4: 2.14, 5: 2.59, 8: 3.89, 9: 4.4, 16: 8.1,
+                     17: 8.6, 24: 12.0, 32: 16.0})
+FLAT = StepTimeCurve({1: 1.0, 64: 1.05})  # a GPU / Apple-Silicon-like curve
+
+
+def test_curve_interpolates_is_monotone_and_extrapolates():
+    c = StepTimeCurve({1: 1.0, 3: 2.0, 4: 1.5, 8: 4.0})
+    assert c(2) == 1.5
+    assert c(4) == 2.0  # a dip below t(3) is noise: the curve never falls
+    assert c(10) == pytest.approx(4.0 + 2 * (4.0 - 2.0) / 4)
+    assert c.ratios() == {1: 1.0, 3: 2.0, 4: 2.0, 8: 4.0}
+
+
+def test_flat_curve_gets_long_drafts():
+    assert allocate_drafts(FLAT, 1, 1, [[0.9] * 8], [8]) == [8]
+
+
+def test_steep_curve_at_batch_16_gets_none():
+    assert allocate_drafts(CPU, 16, 16, [[0.9] * 8] * 16, [8] * 16) == [0] * 16
+
+
+def test_one_user_on_the_cpu_curve_takes_the_best_total_not_the_first_stop():
+    # gains .8, .64, .512 ...: (1 + G(D)) / t(1 + D) peaks at D = 3 (t(4) ~ t(3)), although
+    # D = 2 alone is worse than D = 1
+    assert allocate_drafts(CPU, 1, 1, [[0.8] * 8], [8]) == [3]
+
+
+def test_tokens_go_to_the_sequence_with_the_most_to_gain():
+    # flat: long drafts pay for the likely sequence; the unlikely one's gains (0.1 ** j)
+    # fall below even a flat curve's cost after two tokens
+    assert allocate_drafts(FLAT, 2, 2, [[0.95] * 8, [0.1] * 8], [8, 8]) == [8, 2]
+    ks = allocate_drafts(CPU, 2, 2, [[0.95] * 8, [0.1] * 8], [8, 8])
+    assert ks[1] == 0 and ks[0] > 0
+
+
+def test_caps_bound_what_each_sequence_gets():
+    assert allocate_drafts(FLAT, 1, 1, [[0.9] * 8], [2]) == [2]
+    assert allocate_drafts(FLAT, 1, 1, [[0.9] * 8], [0]) == [0]
+
+
+def test_falling_acceptance_backs_off():
+    est = AcceptanceEstimate(8, prior=0.9)
+    assert allocate_drafts(CPU, 1, 1, [est.rates()], [8]) == [3]
+    for _ in range(6):
+        est.observe(4, 0)  # every first draft rejected
+    assert est.rates()[0] < 0.2
+    assert allocate_drafts(CPU, 1, 1, [est.rates()], [8]) == [0]
+
+
+def test_acceptance_counts_only_positions_reached():
+    est = AcceptanceEstimate(4, prior=0.5, prior_weight=1.0, decay=1.0)
+    est.observe(4, 1)  # position 1 accepted, 2 rejected, 3 and 4 never reached
+    assert est.accepted == [1.0, 0.0, 0.0, 0.0]
+    assert est.reached == [1.0, 1.0, 0.0, 0.0]
+    assert est.rates() == [0.75, 0.25, 0.5, 0.5]
