@@ -26,6 +26,8 @@ class EngineArgs:
     max_waiting: requests allowed to wait beyond the running ones.
     enable_prefix_caching: reuse cached prompt blocks.
     spec: speculative decoding (mode, draft cap).
+    draft_model: a draft model for speculative decoding (registry name or path), with the
+        target's vocabulary; None: no draft model.
     Raises ValueError (in `__post_init__`) for values out of range.
     """
 
@@ -35,6 +37,7 @@ class EngineArgs:
     max_waiting: int = 256
     enable_prefix_caching: bool = True
     spec: SpecConfig = field(default_factory=SpecConfig)
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in (None, "llamacpp", "mlx"):
@@ -43,6 +46,8 @@ class EngineArgs:
             raise ValueError("max_waiting must be >= 0")
         if not self.model:
             raise ValueError("model must be given")
+        if self.spec.mode == "draft" and not self.draft_model:
+            raise ValueError("--spec draft needs --draft-model")
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(

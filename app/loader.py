@@ -6,13 +6,17 @@ thread together; every entry point calls `load_engine`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from app.config import EngineArgs
 from app.engine.async_engine import AsyncEngine
 from app.engine.engine import LLMEngine
+from app.engine.residency import MirroredResidency
+from app.engine.spec_decode.draft_model import DraftModelProposer, check_same_vocabulary
 from app.engine.spec_decode.speculator import Speculator
 from app.spec_profile import step_time_curve
+from backends.base import Runner
 from backends.loader import load_runner
 from models.store import resolve_model
 
@@ -25,8 +29,8 @@ def display_name(model: str) -> str:
 def load_engine(args: EngineArgs, *, pull_missing: bool = True) -> AsyncEngine:
     """Resolve `args.model` (fetching a registry model unless `pull_missing` is False),
     load it on the chosen backend, give it a speculator (measuring or reading the cached
-    step-time curve) when speculation is on and the runner truncates exactly, and start
-    the step thread.
+    step-time curves) when speculation is on and the runner truncates exactly, with the
+    draft model of `args.draft_model` if given, and start the step thread.
 
     Raises:
         FileNotFoundError / models.errors.ModelStoreError: no such model (or not fetched).
@@ -35,18 +39,54 @@ def load_engine(args: EngineArgs, *, pull_missing: bool = True) -> AsyncEngine:
     """
     path = resolve_model(args.model, pull_missing=pull_missing)
     runner, backend_name = load_runner(path, backend=args.backend, config=args.runner)
+    opened: list[Runner] = [runner]
     try:
-        engine_config = args.engine_config()
-        speculator = None
-        if args.spec.enabled and runner.capabilities.exact_truncate:
-            curve = None
-            if args.spec.fixed_k is None:
-                curve, _ = step_time_curve(runner, Path(path), backend_name)
-            context = min(engine_config.context_length, runner.info.n_ctx_train,
-                          runner.max_seq_tokens)
-            speculator = Speculator(args.spec, curve, context)
-        engine = LLMEngine(runner, engine_config, speculator=speculator)
+        engine = _build(args, runner, Path(path), backend_name, opened, pull_missing)
     except BaseException:
-        runner.close()
+        for r in opened:
+            r.close()
         raise
     return AsyncEngine(engine, display_name(args.model), backend_name)
+
+
+def _build(args: EngineArgs, runner: Runner, path: Path, backend_name: str,
+           opened: list[Runner], pull_missing: bool) -> LLMEngine:
+    engine_config = args.engine_config()
+    speculate = args.spec.enabled and runner.capabilities.exact_truncate
+    if not speculate:
+        return LLMEngine(runner, engine_config)
+    context = min(engine_config.context_length, runner.info.n_ctx_train, runner.max_seq_tokens)
+    adaptive = args.spec.fixed_k is None
+    curve = step_time_curve(runner, path, backend_name)[0] if adaptive else None
+    residency = draft = draft_curve = None
+    if args.draft_model and args.spec.mode != "ngram":
+        draft_runner, draft_path = load_draft(args, runner, backend_name, pull_missing)
+        opened.append(draft_runner)
+        residency = MirroredResidency(runner, draft_runner, runner.block_size)
+        draft = DraftModelProposer(draft_runner, residency)
+        if adaptive:
+            draft_curve = step_time_curve(draft_runner, draft_path, backend_name)[0]
+    speculator = Speculator(args.spec, curve, context, runner.capabilities.equal_split,
+                            draft, draft_curve)
+    return LLMEngine(runner, engine_config, residency=residency, speculator=speculator)
+
+
+def load_draft(args: EngineArgs, target: Runner, backend_name: str,
+               pull_missing: bool = True) -> tuple[Runner, Path]:
+    """The draft model's runner, shaped like the target's (same slots, block size and block
+    ids). Raises ValueError naming what differs when its vocabulary is not the target's."""
+    draft_path = Path(resolve_model(args.draft_model, pull_missing=pull_missing))
+    config = replace(args.runner, kv_tokens=target.num_blocks * target.block_size,
+                     block_size=target.block_size)
+    draft, _ = load_runner(draft_path, backend=backend_name, config=config)
+    try:
+        if draft.num_blocks < target.num_blocks or draft.max_seqs < target.max_seqs:
+            raise ValueError("its KV cache cannot mirror the target's slots and blocks")
+        if not draft.capabilities.exact_truncate:
+            raise ValueError("its runner cannot roll back drafts exactly")
+        check_same_vocabulary(target, draft)
+    except ValueError as exc:
+        draft.close()
+        raise ValueError(f"draft model {args.draft_model} cannot draft for "
+                         f"{args.model}: {exc}") from None
+    return draft, draft_path

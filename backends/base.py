@@ -86,10 +86,15 @@ class RunnerCapabilities:
         never computed positions >= n, so recomputing them gives bit-identical logits. The
         engine speculates (computes drafts it may roll back) only on such runners.
     kv_transfer: `export_kv`/`import_kv` (`SupportsKVTransfer`) are implemented.
+    equal_split: a step whose sequences compute different token counts runs as several
+        micro-batches, each taking an equal count from every sequence still left
+        (llama.cpp's split KV layout, `split_equal`), so it costs one pass per distinct
+        count; otherwise a step costs about what its total token count costs.
     """
 
     exact_truncate: bool = False
     kv_transfer: bool = False
+    equal_split: bool = False
 
 
 class KVResidency(Protocol):

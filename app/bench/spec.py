@@ -18,7 +18,9 @@ from pathlib import Path
 from app.bench.stats import ratio
 from app.engine.config import EngineConfig, SchedulerConfig, SpecConfig
 from app.engine.engine import LLMEngine
+from app.engine.residency import MirroredResidency
 from app.engine.spec_decode.controller import StepTimeCurve
+from app.engine.spec_decode.draft_model import DraftModelProposer
 from app.engine.spec_decode.speculator import Speculator
 from app.engine.types import SamplingParams
 from app.prompts import chat_prompt_ids
@@ -75,17 +77,26 @@ def requests_for(workload: str, runner: Runner, n: int, max_tokens: int
 
 
 def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context: int,
-             num_draft_tokens: int = 8) -> dict:
-    """Serve `requests` together under `mode`; tokens/s, acceptance and chosen k."""
-    runner.evict(list(range(runner.num_blocks)))  # nothing cached from an earlier cell
+             num_draft_tokens: int = 8,
+             draft: tuple[Runner, StepTimeCurve] | None = None) -> dict:
+    """Serve `requests` together under `mode`; tokens/s, acceptance and chosen k. `draft`
+    (a draft model's runner and step-time curve) joins every mode but off."""
+    blocks = list(range(runner.num_blocks))
+    runner.evict(blocks)  # nothing cached from an earlier cell
     config = EngineConfig(context_length=context, enable_prefix_caching=False,
                           scheduler=SchedulerConfig(max_num_seqs=runner.max_seqs,
                                                     max_num_batched_tokens=512))
-    speculator = None
+    speculator = residency = None
     if mode != "off":
+        proposer = draft_curve = None
+        if draft is not None:
+            draft[0].evict(blocks)
+            residency = MirroredResidency(runner, draft[0], runner.block_size)
+            proposer, draft_curve = DraftModelProposer(draft[0], residency), draft[1]
         speculator = Speculator(SpecConfig(mode=mode, num_draft_tokens=num_draft_tokens),
-                                curve, context)
-    engine = LLMEngine(runner, config, speculator=speculator)
+                                curve, context, runner.capabilities.equal_split,
+                                proposer, draft_curve)
+    engine = LLMEngine(runner, config, residency=residency, speculator=speculator)
     for i, (prompt, params) in enumerate(requests):
         engine.add_request(str(i), prompt, params)
     tokens: dict[str, list[int]] = {}
@@ -115,7 +126,8 @@ def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context:
 
 
 def run_spec_bench(runner: Runner, curve: StepTimeCurve, workloads, levels, modes,
-                   max_tokens: int, emit: Callable[[dict], None]) -> list[dict]:
+                   max_tokens: int, emit: Callable[[dict], None],
+                   draft: tuple[Runner, StepTimeCurve] | None = None) -> list[dict]:
     """Every (workload, concurrency) cell: each mode, ratio against off, and whether every
     mode gave off's tokens (`same_tokens`)."""
     results = []
@@ -123,7 +135,8 @@ def run_spec_bench(runner: Runner, curve: StepTimeCurve, workloads, levels, mode
     for workload in workloads:
         for c in levels:
             reqs = requests_for(workload, runner, c, max_tokens)
-            cells = {m: run_cell(runner, reqs, m, curve, context) for m in ("off", *modes)}
+            cells = {m: run_cell(runner, reqs, m, curve, context, draft=draft)
+                     for m in ("off", *modes)}
             base = cells["off"]
             for cell in cells.values():
                 row = {"workload": workload, "concurrency": c, **cell,

@@ -130,18 +130,36 @@ def _spec(args: argparse.Namespace, levels: list[int]) -> int:
             SpecConfig(mode=m, num_draft_tokens=args.num_draft_tokens)
         path = resolve_model(args.model)
         # the split layout: output independent of batch shape, so every mode's tokens match
-        runner, backend = load_runner(path, backend=args.backend, config=RunnerConfig(
-            max_seqs=max(levels), seq_tokens=2048, kv_layout="split", n_threads=args.threads))
+        runner_config = RunnerConfig(max_seqs=max(levels), seq_tokens=2048, kv_layout="split",
+                                     n_threads=args.threads)
+        runner, backend = load_runner(path, backend=args.backend, config=runner_config)
     except user_errors() as exc:
         return fail(str(exc))
+    draft_runner = None
     try:
         curve, cached = step_time_curve(runner, path, backend)
         print(json.dumps({"step_time_ratios": curve.ratios(), "t1_ms": round(curve(1) * 1e3, 2),
                           "cached": cached}), flush=True)
+        draft = None
+        if args.draft_model:
+            from app.config import EngineArgs
+            from app.loader import load_draft
+
+            draft_runner, draft_path = load_draft(
+                EngineArgs(args.model, runner=runner_config, draft_model=args.draft_model),
+                runner, backend)
+            draft_curve, _ = step_time_curve(draft_runner, draft_path, backend)
+            print(json.dumps({"draft_step_time_ratios": draft_curve.ratios(),
+                              "draft_t1_ms": round(draft_curve(1) * 1e3, 2)}), flush=True)
+            draft = (draft_runner, draft_curve)
         results = run_spec_bench(runner, curve, workloads, levels, modes, args.max_tokens,
-                                 emit=lambda r: print(json.dumps(r), flush=True))
+                                 emit=lambda r: print(json.dumps(r), flush=True), draft=draft)
+    except user_errors() as exc:
+        return fail(str(exc))
     finally:
         runner.close()
+        if draft_runner is not None:
+            draft_runner.close()
     if args.png:
         plot_frontier(results, args.png)
     return 0

@@ -70,13 +70,17 @@ MAX_QUEUE = Flag("--max-queue", "max_waiting", "requests allowed to wait for a b
 
 SPEC = Flag("--spec", "spec.mode", "speculative decoding: auto (drafts from n-gram prompt "
             "lookup or a request's prediction, only as many per step as this machine's "
-            "measured step time says pay), ngram (the same), off, or fixed:K (K drafts "
-            "whenever there are any)", metavar="MODE")
+            "measured step time says pay, plus the --draft-model where those have none), "
+            "ngram (no draft model), draft (only the draft model), off, or fixed:K (K "
+            "drafts whenever there are any)", metavar="MODE")
+DRAFT_MODEL = Flag("--draft-model", "draft_model", "a smaller model with the same "
+                   "vocabulary that drafts tokens for speculative decoding (registry name or "
+                   ".gguf path)", metavar="NAME_OR_PATH")
 NUM_DRAFT_TOKENS = Flag("--num-draft-tokens", "spec.num_draft_tokens", "most draft tokens "
                         "per sequence and step", positive_int, metavar="K")
 
 # the flags every command that loads a model takes
-COMMON = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_LAYOUT, SPEC, NUM_DRAFT_TOKENS)
+COMMON = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_LAYOUT, SPEC, DRAFT_MODEL, NUM_DRAFT_TOKENS)
 
 
 def default_of(field: str, defaults: EngineArgs | None = None) -> Any:

@@ -153,7 +153,7 @@ class AsyncEngine:
         if self._thread.is_alive():
             self._inbox.put((_STOP,))
             self._thread.join(timeout=30)
-        self.runner.close()
+        self.engine.close()
 
     # -- the step thread -------------------------------------------------------------------
 

@@ -57,7 +57,7 @@ class SpecConfig:
         mode: "off"; "auto" (the adaptive controller sizes every draft; drafts from a
             request's prediction, else n-gram prompt lookup); "ngram" (the same proposers
             and controller, named for what drafts); "fixed:K" (K draft tokens whenever a
-            proposer has them: the benchmark's baseline).
+            proposer has them: the benchmark's baseline); "draft" (only the draft model).
         num_draft_tokens: most draft tokens per sequence and step (the cap on k).
     Raises ValueError for an unknown mode or a cap below 1.
     """
@@ -77,8 +77,9 @@ class SpecConfig:
                 raise ValueError(f"spec mode {self.mode!r}: expected fixed:K") from None
             if not 1 <= self.fixed_k <= self.num_draft_tokens:
                 raise ValueError(f"fixed:K needs 1 <= K <= {self.num_draft_tokens}")
-        elif self.mode not in ("off", "auto", "ngram"):
-            raise ValueError(f"spec mode must be off, auto, ngram or fixed:K, not {self.mode!r}")
+        elif self.mode not in ("off", "auto", "ngram", "draft"):
+            raise ValueError(
+                f"spec mode must be off, auto, ngram, draft or fixed:K, not {self.mode!r}")
 
     @property
     def enabled(self) -> bool:

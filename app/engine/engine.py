@@ -168,6 +168,8 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched:
             return StepResult()
+        if self.speculator is not None:
+            self.speculator.fill(sched.num_scheduled_tokens)
         plan = self._build_batch(sched)
         logits = self.runner.execute(plan.items)
         sampled = self._sample(plan, logits)
@@ -335,6 +337,13 @@ class LLMEngine:
             logprobs=logprobs,
             metrics=request.metrics,
         )
+
+    def close(self) -> None:
+        """Close the runner, and the draft model's if there is one."""
+        self.runner.close()
+        draft = getattr(self.speculator, "draft", None)
+        if draft is not None:
+            draft.runner.close()
 
     def stats(self) -> EngineStats:
         bm = self.block_manager

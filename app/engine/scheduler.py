@@ -3,7 +3,10 @@
 Every step each request is given a number of tokens to compute so that
 `num_computed_tokens` catches up with `num_tokens_with_spec` (vLLM v1): a decode is 1 token
 plus its drafts, a prompt is computed in chunks of at most the remaining budget, so long
-prompts never stall decodes.
+prompts never stall decodes. Drafts get only what budget the real tokens (decodes, prefill
+chunks, admissions) leave, so prefill chunk boundaries are the same with speculation on or
+off: on llama.cpp's CPU kernels a chunk boundary can move logits, and speculation must not
+change the output.
 Running requests are served first (oldest first); waiting requests are admitted while budget,
 slots and KV blocks last. When blocks run out the newest running request is preempted: its
 blocks are freed (their cached prefix usually survives) and it is recomputed later.
@@ -82,7 +85,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens_with_spec - request.num_computed_tokens, budget)
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if num_new <= 0:
                 i += 1
                 continue
@@ -142,6 +145,20 @@ class Scheduler:
             if self.block_manager.enable_prefix_caching:
                 # its prompt blocks are in flight from now on, for the next in the queue too
                 inflight.update(self._prompt_hashes(request)[request.num_hashed_blocks:])
+
+        # 3. drafts of decoding requests, from what budget is left; never preempting for them
+        for request, num_new in out.num_scheduled_tokens.items():
+            if not request.spec_token_ids:
+                continue
+            end = request.num_computed_tokens + num_new
+            extra = 0
+            if not out.preempted and end == request.num_tokens:
+                extra = min(len(request.spec_token_ids), budget)
+                if extra and not self.block_manager.allocate(request, end + extra):
+                    extra = 0
+            del request.spec_token_ids[extra:]
+            out.num_scheduled_tokens[request] = num_new + extra
+            budget -= extra
         return out
 
     def _prompt_hashes(self, request: Request) -> list[bytes]:

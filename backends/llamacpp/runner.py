@@ -94,6 +94,9 @@ class LlamaCppRunner:
                        n_ctx_train=L.llama_model_n_ctx_train(self._model),
                        kv_bytes_per_token=kv_bytes, split_kv_bytes=split_kv_bytes)
         self.kv_layout = plan.layout
+        # split: llama.cpp micro-batches sequences of unequal lengths apart (split_equal)
+        self.capabilities = RunnerCapabilities(exact_truncate=True, kv_transfer=False,
+                                               equal_split=plan.layout == "split")
         self.num_blocks = plan.num_blocks
         self.max_seq_tokens = plan.max_seq_tokens
 

@@ -2,7 +2,12 @@
 
 import pytest
 
-from app.engine.spec_decode.controller import AcceptanceEstimate, StepTimeCurve, allocate_drafts
+from app.engine.spec_decode.controller import (
+    AcceptanceEstimate,
+    StepTimeCurve,
+    allocate_drafts,
+    step_seconds,
+)
 
 # t(n)/t(1) measured on this project's 2-core CPU (raw llama.cpp, embedded model)
 CPU = StepTimeCurve({1: 1.0, 2: 1.48, 3: 2.12, 4: 2.14, 5: 2.59, 8: 3.89, 9: 4.4, 16: 8.1,
@@ -19,39 +24,39 @@ def test_curve_interpolates_is_monotone_and_extrapolates():
 
 
 def test_flat_curve_gets_long_drafts():
-    assert allocate_drafts(FLAT, 1, 1, [[0.9] * 8], [8]) == [8]
+    assert allocate_drafts(FLAT, [1], 1, [[0.9] * 8], [8]) == [8]
 
 
 def test_steep_curve_at_batch_16_gets_none():
-    assert allocate_drafts(CPU, 16, 16, [[0.9] * 8] * 16, [8] * 16) == [0] * 16
+    assert allocate_drafts(CPU, [1] * 16, 16, [[0.9] * 8] * 16, [8] * 16) == [0] * 16
 
 
 def test_one_user_on_the_cpu_curve_takes_the_best_total_not_the_first_stop():
     # gains .8, .64, .512 ...: (1 + G(D)) / t(1 + D) peaks at D = 3 (t(4) ~ t(3)), although
     # D = 2 alone is worse than D = 1
-    assert allocate_drafts(CPU, 1, 1, [[0.8] * 8], [8]) == [3]
+    assert allocate_drafts(CPU, [1], 1, [[0.8] * 8], [8]) == [3]
 
 
 def test_tokens_go_to_the_sequence_with_the_most_to_gain():
     # flat: long drafts pay for the likely sequence; the unlikely one's gains (0.1 ** j)
     # fall below even a flat curve's cost after two tokens
-    assert allocate_drafts(FLAT, 2, 2, [[0.95] * 8, [0.1] * 8], [8, 8]) == [8, 2]
-    ks = allocate_drafts(CPU, 2, 2, [[0.95] * 8, [0.1] * 8], [8, 8])
+    assert allocate_drafts(FLAT, [1, 1], 2, [[0.95] * 8, [0.1] * 8], [8, 8]) == [8, 2]
+    ks = allocate_drafts(CPU, [1, 1], 2, [[0.95] * 8, [0.1] * 8], [8, 8])
     assert ks[1] == 0 and ks[0] > 0
 
 
 def test_caps_bound_what_each_sequence_gets():
-    assert allocate_drafts(FLAT, 1, 1, [[0.9] * 8], [2]) == [2]
-    assert allocate_drafts(FLAT, 1, 1, [[0.9] * 8], [0]) == [0]
+    assert allocate_drafts(FLAT, [1], 1, [[0.9] * 8], [2]) == [2]
+    assert allocate_drafts(FLAT, [1], 1, [[0.9] * 8], [0]) == [0]
 
 
 def test_falling_acceptance_backs_off():
     est = AcceptanceEstimate(8, prior=0.9)
-    assert allocate_drafts(CPU, 1, 1, [est.rates()], [8]) == [3]
+    assert allocate_drafts(CPU, [1], 1, [est.rates()], [8]) == [3]
     for _ in range(6):
         est.observe(4, 0)  # every first draft rejected
     assert est.rates()[0] < 0.2
-    assert allocate_drafts(CPU, 1, 1, [est.rates()], [8]) == [0]
+    assert allocate_drafts(CPU, [1], 1, [est.rates()], [8]) == [0]
 
 
 def test_acceptance_counts_only_positions_reached():
@@ -60,3 +65,25 @@ def test_acceptance_counts_only_positions_reached():
     assert est.accepted == [1.0, 0.0, 0.0, 0.0]
     assert est.reached == [1.0, 1.0, 0.0, 0.0]
     assert est.rates() == [0.75, 0.25, 0.5, 0.5]
+
+
+def test_equal_split_costs_one_pass_per_distinct_count():
+    c = StepTimeCurve({1: 1.0, 16: 16.0})  # linear: t(n) = n
+    assert step_seconds(c, [4, 1, 1, 1], equal_split=False) == 7.0
+    # passes: 4 sequences x 1 token, then 1 sequence x 3 tokens
+    assert step_seconds(c, [4, 1, 1, 1], equal_split=True) == 4.0 + 3.0
+    assert step_seconds(c, [3, 3, 1, 1], equal_split=True) == 4.0 + 4.0
+    assert step_seconds(c, [0, 2, 2], equal_split=True) == 4.0
+
+
+def test_equal_split_drafts_for_everyone_or_no_one():
+    # a second pass costs as much as a first: one sequence drafting alone doubles the step,
+    # all four drafting the same k keep one pass
+    c = StepTimeCurve({1: 1.0, 4: 1.0, 8: 1.1, 16: 1.3, 64: 4.0})
+    ks = allocate_drafts(c, [1, 1, 1, 1], 4, [[0.5] * 8] * 4, [8] * 4, equal_split=True)
+    assert len(set(ks)) == 1 and ks[0] > 0
+    alone = allocate_drafts(c, [1, 1, 1, 1], 4, [[0.5] * 8], [8], owners=[0],
+                            equal_split=True)
+    assert alone == [0]
+    # counted as one pass of the total, the same draft pays
+    assert allocate_drafts(c, [1, 1, 1, 1], 4, [[0.5] * 8], [8], owners=[0]) != [0]

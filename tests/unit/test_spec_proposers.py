@@ -94,12 +94,24 @@ def test_k_zero_is_exactly_the_plain_step():
     steep = StepTimeCurve({1: 1.0, 2: 3.0, 64: 200.0})
     runner_a, plain = make(budget=64)
     runner_b, eng = spec_engine(curve=steep)
-    for e in (plain, eng):
-        e.add_request("a", [1, 2, 3, 1, 2], greedy(6))
+    plain.add_request("a", [1, 2, 3, 1, 2], greedy(6))
+    req = eng.add_request("a", [1, 2, 3, 1, 2], greedy(6))
     assert run_all(plain) == run_all(eng)
     assert [planned(runner_a, i) for i in range(len(runner_a.steps))] == \
         [planned(runner_b, i) for i in range(len(runner_b.steps))]
-    assert eng.speculator.stats.chosen_k[0] >= 1 and eng.speculator.stats.draft_tokens == 0
+    # drafts cannot pay on this curve even if all were accepted: the proposers never ran
+    assert eng.speculator.stats.snapshot()["chosen_k"] == {}
+    assert req.spec_state == {}
+
+
+def test_drafts_can_pay_bound():
+    from app.engine.spec_decode.controller import drafts_can_pay
+
+    cpu = StepTimeCurve({1: 1.0, 2: 1.88, 4: 2.69, 8: 4.38, 16: 8.0, 17: 8.55, 32: 15.7})
+    assert drafts_can_pay(cpu, 1, 1, 8)  # one user: a 7-token draft accepted at 0.95 pays
+    assert not drafts_can_pay(cpu, 16, 16, 128)  # batch 16: nothing can
+    assert drafts_can_pay(cpu, 16, 16, 128, best_rate=1.0)  # (the CPU curve is near-linear)
+    assert not drafts_can_pay(cpu, 1, 1, 0)
 
 
 def test_prediction_drafts_are_accepted_and_counted_as_prediction_tokens():

@@ -98,33 +98,87 @@ class AcceptanceEstimate:
             self.reached[j] = self.reached[j] * self.decay + 1.0
 
 
-def allocate_drafts(curve: StepTimeCurve, n_base: int, num_decoding: int,
-                    rates: Sequence[Sequence[float]], caps: Sequence[int]) -> list[int]:
+def step_seconds(curve: StepTimeCurve, counts: Sequence[int], equal_split: bool) -> float:
+    """Predicted time of a step computing `counts[i]` tokens for sequence i: t(total), or
+    for an equal-split runner one pass per distinct count, pass r taking the difference of
+    consecutive counts from every sequence with at least that many."""
+    live = sorted(c for c in counts if c > 0)
+    if not live:
+        return 0.0
+    if not equal_split:
+        return curve(sum(live))
+    total, done = 0.0, 0
+    for i, c in enumerate(live):
+        if c > done:
+            total += curve((len(live) - i) * (c - done))
+            done = c
+    return total
+
+
+# The acceptance `drafts_can_pay` assumes for every draft token: above what any real
+# proposer sustains over a step's worth of drafts, so the bound skips only what cannot pay.
+BEST_ACCEPTANCE = 0.95
+
+
+def drafts_can_pay(curve: StepTimeCurve, total: int, num_decoding: int, max_drafts: int,
+                   best_rate: float = BEST_ACCEPTANCE) -> bool:
+    """Whether any number of draft tokens D <= `max_drafts` could raise tokens per second
+    for a step of `total` tokens, were each draft gaining `best_rate` tokens: an upper
+    bound (a step never costs less than t(total + D)), so False means k = 0 for everyone
+    without looking at the drafts."""
+    base = num_decoding / curve(max(total, 1))
+    return any((num_decoding + d * best_rate) / curve(total + d) > base
+               for d in range(1, max_drafts + 1))
+
+
+def allocate_drafts(curve: StepTimeCurve, base_counts: Sequence[int], num_decoding: int,
+                    rates: Sequence[Sequence[float]], caps: Sequence[int],
+                    owners: Sequence[int] | None = None, equal_split: bool = False,
+                    draft_curve: StepTimeCurve | None = None,
+                    is_draft: Sequence[bool] | None = None) -> list[int]:
     """Draft tokens per candidate sequence.
 
     Args:
         curve: the target's step-time curve.
-        n_base: tokens the step computes without drafts (decodes + prefill chunks).
+        base_counts: tokens each sequence in the step computes without drafts (1 for a
+            decode, the chunk for a prefill).
         num_decoding: sequences that emit a token this step (expected tokens without drafts).
         rates: per candidate, conditional acceptance estimates by draft position.
         caps: per candidate, the most draft tokens it may get (what its proposer offered).
+        owners: per candidate, its index in `base_counts` (default: candidate i is
+            sequence i).
+        equal_split: the runner's `capabilities.equal_split` (see `step_seconds`).
+        draft_curve, is_draft: a draft model's step-time curve, and which candidates it
+            drafts for: their j-th tokens cost one draft step over every sequence drafting
+            at least j tokens, sum_j t_draft(m_j), on top of the target's step.
     Returns k per candidate (same order), maximising expected tokens per second.
     """
+    counts = list(base_counts)
+    owners = list(range(len(caps))) if owners is None else list(owners)
     heap: list[tuple[float, int, int]] = []  # (-gain, candidate, j)
     for i, (r, cap) in enumerate(zip(rates, caps, strict=True)):
         if cap > 0 and r:
             heapq.heappush(heap, (-r[0], i, 0))
     ks = [0] * len(caps)
-    best_rate = num_decoding / curve(max(n_base, 1))
+    best_rate = num_decoding / max(step_seconds(curve, counts, equal_split), 1e-12)
     best_d, taken = 0, []
     gain_sum, d = 0.0, 0
+    depth: list[int] = []  # sequences the draft model drafts for at each depth
+    draft_s = 0.0
     while heap:
         neg, i, j = heapq.heappop(heap)
         gain = -neg
         taken.append(i)
         d += 1
         gain_sum += gain
-        rate = (num_decoding + gain_sum) / curve(n_base + d)
+        counts[owners[i]] += 1
+        if draft_curve is not None and is_draft is not None and is_draft[i]:
+            if j == len(depth):
+                depth.append(0)
+            m = depth[j]
+            draft_s += draft_curve(m + 1) - (draft_curve(m) if m else 0.0)
+            depth[j] = m + 1
+        rate = (num_decoding + gain_sum) / (step_seconds(curve, counts, equal_split) + draft_s)
         if rate > best_rate:
             best_rate, best_d = rate, d
         if j + 1 < min(caps[i], len(rates[i])):

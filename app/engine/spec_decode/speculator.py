@@ -12,7 +12,13 @@ from collections.abc import Iterable
 
 from app.engine.config import SpecConfig
 from app.engine.request import Request
-from app.engine.spec_decode.controller import AcceptanceEstimate, StepTimeCurve, allocate_drafts
+from app.engine.spec_decode.controller import (
+    AcceptanceEstimate,
+    StepTimeCurve,
+    allocate_drafts,
+    drafts_can_pay,
+)
+from app.engine.spec_decode.draft_model import PENDING, DraftModelProposer
 from app.engine.spec_decode.proposer import NgramProposer, PredictionProposer, Proposer
 
 
@@ -43,23 +49,39 @@ class Speculator:
     config: mode and draft cap.
     curve: the target's measured step-time curve (needed unless the mode is fixed).
     context_length: the engine's per-sequence limit; drafts never pass it.
-    Raises ValueError for mode "off" (build no speculator then) or a missing curve.
+    equal_split: the target runner's `capabilities.equal_split` (how a step's cost grows
+        with sequences of different lengths).
+    draft, draft_curve: a draft model proposer and its step-time curve (mode "draft" needs
+        them; "auto" uses them where prediction and n-gram lookup have nothing).
+    Raises ValueError for mode "off" (build no speculator then), a missing curve, or mode
+    "draft" without a draft model.
     """
 
-    def __init__(self, config: SpecConfig, curve: StepTimeCurve | None, context_length: int):
+    def __init__(self, config: SpecConfig, curve: StepTimeCurve | None, context_length: int,
+                 equal_split: bool = False, draft: DraftModelProposer | None = None,
+                 draft_curve: StepTimeCurve | None = None):
         if config.mode == "off":
             raise ValueError("speculation is off: build no Speculator")
         if config.fixed_k is None and curve is None:
             raise ValueError("the adaptive controller needs a step-time curve")
+        if config.mode == "draft" and draft is None:
+            raise ValueError("--spec draft needs a draft model (--draft-model)")
+        if draft is not None and config.fixed_k is None and draft_curve is None:
+            raise ValueError("the adaptive controller needs the draft model's step-time curve")
         self.config = config
         self.curve = curve
         self.context_length = context_length
+        self.equal_split = equal_split
         self.max_k = config.num_draft_tokens
-        self.proposers: list[Proposer] = [PredictionProposer(), NgramProposer()]
+        self.proposers: list[Proposer] = (
+            [] if config.mode == "draft" else [PredictionProposer(), NgramProposer()])
+        self.draft = draft
+        self.draft_curve = draft_curve
         # acceptance over all sequences, per kind of draft: the prior of a new sequence.
         # It starts optimistic so that drafts get tried, and learns from every verification.
         self.global_estimates: dict[str, AcceptanceEstimate] = {}
         self.stats = SpecStats(self.max_k)
+        self._can_pay: dict[tuple[int, int], bool] = {}  # (step tokens, decoding) -> bound
 
     def _cap(self, r: Request) -> int:
         cap = min(self.max_k, self.context_length - r.num_tokens - 1)
@@ -70,17 +92,22 @@ class Speculator:
     def propose(self, running: Iterable[Request], waiting: Iterable[Request],
                 budget: int) -> None:
         """Set `spec_token_ids` on the running requests that will decode this step."""
-        n_base = num_decoding = 0
+        num_decoding = 0
+        counts: list[int] = []  # tokens per sequence in the step, without drafts
+        owners: list[int] = []
         candidates: list[tuple[Request, str, list[int]]] = []
         running = list(running)
         for r in running:
             r.spec_token_ids = []
+        if self.config.fixed_k is None and not self._may_pay(running, waiting, budget):
+            return
+        left = budget
         for r in running:
-            todo = r.num_tokens - r.num_computed_tokens
-            if todo != 1:
-                n_base += todo  # a prefill chunk
-                continue
-            n_base += 1
+            todo = min(r.num_tokens - r.num_computed_tokens, left)
+            left -= todo
+            counts.append(todo)
+            if todo != 1 or r.num_tokens - r.num_computed_tokens != 1:
+                continue  # a prefill chunk
             num_decoding += 1
             cap = self._cap(r) if r.params.speculative else 0
             if cap <= 0:
@@ -89,17 +116,28 @@ class Speculator:
                 drafts = proposer.propose(r, cap)
                 if drafts:
                     candidates.append((r, proposer.kind(r), drafts))
+                    owners.append(len(counts) - 1)
                     break
-        n_base += sum(r.num_tokens - r.num_computed_tokens for r in waiting)
-        n_base = min(n_base, budget)
+            else:
+                if self.draft is not None:  # its tokens are computed once k is known
+                    candidates.append((r, "draft", [PENDING] * cap))
+                    owners.append(len(counts) - 1)
+        for r in waiting:  # admissions this step take what budget is left, in order
+            if left <= 0:
+                break
+            todo = min(r.num_tokens - r.num_computed_tokens, left)
+            left -= todo
+            counts.append(todo)
         if not candidates:
             return
         if self.config.fixed_k is not None:
             ks = [min(self.config.fixed_k, len(d)) for _, _, d in candidates]
         else:
             rates = [self._estimate(r, name).rates() for r, name, _ in candidates]
-            ks = allocate_drafts(self.curve, n_base, num_decoding, rates,
-                                 [len(d) for _, _, d in candidates])
+            ks = allocate_drafts(self.curve, counts, num_decoding, rates,
+                                 [len(d) for _, _, d in candidates], owners,
+                                 self.equal_split, self.draft_curve,
+                                 [kind == "draft" for _, kind, _ in candidates])
         for (r, kind, drafts), k in zip(candidates, ks, strict=True):
             self.stats.chosen_k[k] += 1
             if k:
@@ -110,6 +148,30 @@ class Speculator:
                 # kind of draft that did badly once is tried again some time later
                 self._estimate(r, kind).forget(0.95)
                 self._global(kind).forget(0.999)
+
+    def _may_pay(self, running: list[Request], waiting: Iterable[Request], budget: int) -> bool:
+        """Whether drafts could pay in this step even if all were accepted (cached by the
+        step's shape): on a compute-bound step the proposers do not even run."""
+        total = decoding = 0
+        for r in running:
+            todo = r.num_tokens - r.num_computed_tokens
+            total += todo
+            decoding += todo == 1
+        total += sum(r.num_tokens - r.num_computed_tokens for r in waiting)
+        key = (min(total, budget), decoding)
+        verdict = self._can_pay.get(key)
+        if verdict is None:
+            if len(self._can_pay) > 4096:
+                self._can_pay.clear()
+            # the draft model's own cost only lowers the bound: leave it out
+            verdict = self._can_pay[key] = drafts_can_pay(
+                self.curve, key[0], decoding, min(decoding * self.max_k, budget - key[0]))
+        return verdict
+
+    def fill(self, scheduled: Iterable[Request]) -> None:
+        """After scheduling: the draft model computes the drafts it was given room for."""
+        if self.draft is not None:
+            self.draft.fill(list(scheduled))
 
     def _global(self, kind: str) -> AcceptanceEstimate:
         est = self.global_estimates.get(kind)
