@@ -14,10 +14,23 @@ import sys
 COMMANDS = ["run", "bench", "serve", "chat", "models", "doctor"]
 
 
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's), or "unknown" when run from
+    a tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("tandem")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tandem", description="Local LLM inference on llama.cpp and MLX."
     )
+    parser.add_argument("--version", action="version", version=f"tandem {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         try:

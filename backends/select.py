@@ -18,6 +18,11 @@ from dataclasses import dataclass
 
 BACKENDS = ("llamacpp", "mlx")
 
+# from a clone (tandem is not on PyPI): the installer adds the mlx extra on Apple Silicon
+# and, with --dev, MLX's CPU build on Linux; or the extra itself, into the venv
+MLX_INSTALL_HINT = ("from the clone: bash installers/install.sh (on Linux: --dev, MLX's CPU "
+                    "build), or .venv/bin/pip install -e '.[mlx]'")
+
 _PACKAGES = {"mlx": "mlx", "mlx_lm": "mlx-lm", "llama_cpp": "llama-cpp-python"}
 
 
@@ -66,8 +71,8 @@ def select_backend_with_reason(requested: str | None = None) -> Selection:
         if requested not in BACKENDS:
             raise ValueError(f"unknown backend {requested!r} (choose from {', '.join(BACKENDS)})")
         if requested == "mlx" and not mlx_available():
-            raise ValueError("backend 'mlx' requested but mlx/mlx-lm are not installed "
-                             "(pip install 'tandem[mlx]')")
+            raise ValueError(f"backend 'mlx' requested but mlx/mlx-lm are not installed "
+                             f"({MLX_INSTALL_HINT})")
         if requested == "llamacpp" and not llamacpp_available():
             raise ValueError("backend 'llamacpp' requested but llama-cpp-python is not "
                              "installed")
@@ -78,7 +83,7 @@ def select_backend_with_reason(requested: str | None = None) -> Selection:
         if mlx_available():
             return Selection("mlx", "Apple Silicon and mlx is installed (Metal, unified memory)")
         return Selection("llamacpp", "Apple Silicon but mlx is not installed "
-                                     "(pip install 'tandem[mlx]' for the faster backend)")
+                                     f"({MLX_INSTALL_HINT}, for the faster backend)")
     if has_nvidia_gpu():
         return Selection("llamacpp", "NVIDIA GPU found (nvidia-smi): llama.cpp with CUDA")
     return Selection("llamacpp", "no Apple Silicon or NVIDIA GPU: llama.cpp on the CPU")

@@ -43,6 +43,19 @@ class ChatTemplateError(ValueError):
     ValueError: it is the request's (or the model's template's) fault, answered with a 400."""
 
 
+class TemplateRaised(ChatTemplateError):
+    """The template itself refused the messages with `raise_exception(message)` (e.g. roles
+    out of order for this model); `message` is the template's own text, to show as is."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class _RaisedByTemplate(TemplateError):
+    """What `raise_exception` raises inside jinja; `render` turns it into TemplateRaised."""
+
+
 def render(
     template: str | None,
     messages: list[Message],
@@ -57,8 +70,10 @@ def render(
     special-token parsing when it holds user text; use `render_segments` for that.
 
     Raises:
-        ChatTemplateError: the template has a syntax error, raised an exception, or tried
-            something the sandbox forbids.
+        TemplateRaised: the template called `raise_exception(message)` (a ChatTemplateError
+            whose text is the template's message, unchanged).
+        ChatTemplateError: the template has a syntax error, failed, or tried something the
+            sandbox forbids.
     """
     variables = dict(
         context,
@@ -70,6 +85,8 @@ def render(
     compiled = _compile(template or CHATML_TEMPLATE)
     try:
         return compiled.render(variables)
+    except _RaisedByTemplate as exc:
+        raise TemplateRaised(str(exc.message)) from None
     except Exception as exc:  # template code is foreign: any failure is the template's
         raise ChatTemplateError(_describe(exc)) from None
 
@@ -164,7 +181,7 @@ def _merge(segments: list[Segment]) -> list[Segment]:
 
 
 def _raise_exception(message: str) -> None:
-    raise TemplateError(message)
+    raise _RaisedByTemplate(str(message))
 
 
 def _strftime_now(fmt: str) -> str:

@@ -49,11 +49,55 @@ Source = PyPIWheelSource | MultiPartSource | HFSource
 
 
 @dataclass(frozen=True)
+class GenerationDefaults:
+    """Recommended sampling settings of a model, used by `run`, `chat` and `serve` for
+    every value neither the request nor a flag sets. `top_k=0`, `top_p=1`, `min_p=0`,
+    `repetition_penalty=1` disable those. `source` says where the numbers come from."""
+
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    source: str = ""
+
+    def describe(self) -> str:
+        """Short form for listings, e.g. `temp 0.2 · top-p 0.9 · rep 1.1` (disabled ones left
+        out)."""
+        parts = [f"temp {self.temperature:g}"]
+        if self.top_p < 1.0:
+            parts.append(f"top-p {self.top_p:g}")
+        if self.top_k > 0:
+            parts.append(f"top-k {self.top_k}")
+        if self.min_p > 0.0:
+            parts.append(f"min-p {self.min_p:g}")
+        if self.repetition_penalty != 1.0:
+            parts.append(f"rep {self.repetition_penalty:g}")
+        return " · ".join(parts)
+
+
+# For a model the registry does not know: llama.cpp's sampler defaults.
+LLAMA_CPP_DEFAULTS = GenerationDefaults(0.8, top_p=0.95, top_k=40, min_p=0.05,
+                                        source="llama.cpp's sampler defaults")
+
+# SmolLM2's model card samples with temperature 0.2, top-p 0.9. At 135M parameters the model
+# falls into loops ("est-l'Allemagne, ..."), so a repetition guard is added; 1.1 is the value
+# Qwen ships for its 0.5B/1.5B instruct models (measured on "What is the capital of
+# France?": see shared/notes or the issue 14 report).
+SMOLLM2_DEFAULTS = GenerationDefaults(0.2, top_p=0.9, repetition_penalty=1.05,
+                                      source="SmolLM2 model card + repetition guard")
+# Qwen2.5(-Coder) 0.5B/1.5B Instruct generation_config.json.
+QWEN25_DEFAULTS = GenerationDefaults(0.7, top_p=0.8, top_k=20, repetition_penalty=1.1,
+                                     source="Qwen2.5-Coder-Instruct generation_config.json")
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     """A registry entry.
 
     `filename` is the name in the store, `size` is in bytes, `sha256` is lowercase hex of
     the whole file. `sources` are tried in order until one yields a verified file.
+    `defaults` are the model's recommended sampling settings.
     """
 
     name: str
@@ -62,6 +106,7 @@ class ModelEntry:
     sha256: str
     description: str
     sources: tuple[Source, ...]
+    defaults: GenerationDefaults = LLAMA_CPP_DEFAULTS
 
 
 def _parts(
@@ -99,6 +144,7 @@ SMOLLM2_135M = ModelEntry(
             "ab810cf68114990406fdf996510dd3d3c6adbdf5",
         ),
     ),
+    defaults=SMOLLM2_DEFAULTS,
 )
 
 QWEN25_CODER_05B = ModelEntry(
@@ -124,6 +170,7 @@ QWEN25_CODER_05B = ModelEntry(
             ],
         ),
     ),
+    defaults=QWEN25_DEFAULTS,
 )
 
 QWEN25_CODER_15B = ModelEntry(
@@ -165,6 +212,7 @@ QWEN25_CODER_15B = ModelEntry(
             ],
         ),
     ),
+    defaults=QWEN25_DEFAULTS,
 )
 
 MODELS: dict[str, ModelEntry] = {
@@ -187,3 +235,17 @@ def get_entry(name: str) -> ModelEntry:
         raise ModelNotFoundError(
             f"unknown model '{name}'; known models: {known} (or pass a path to a .gguf file)"
         ) from None
+
+
+def generation_defaults(model: str | None) -> GenerationDefaults:
+    """Recommended sampling settings for `model`: a registry name, or a path whose file name
+    is a registry entry's (`.../SmolLM2-135M-Instruct.Q4_1.gguf`); None means the default
+    model. Anything else gets `LLAMA_CPP_DEFAULTS`."""
+    name = model or DEFAULT_MODEL
+    if name in MODELS:
+        return MODELS[name].defaults
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    for entry in MODELS.values():
+        if base == entry.filename:
+            return entry.defaults
+    return LLAMA_CPP_DEFAULTS

@@ -16,6 +16,7 @@ from pathlib import Path
 import platformdirs
 
 from models.errors import (
+    ModelDownloadError,
     ModelIntegrityError,
     ModelNotFoundError,
     ModelStoreError,
@@ -30,6 +31,7 @@ __all__ = [
     "is_present",
     "is_verified",
     "mlx_conversion_dir",
+    "mlx_conversions",
     "model_path",
     "pull",
     "resolve_model",
@@ -129,25 +131,37 @@ def pull(
     raise type(first)(f"{first} (other sources also failed: {rest})")
 
 
-def resolve_model(spec: str, pull_missing: bool = True) -> Path:
-    """Turn a `--model` value into a local GGUF path.
+GGUF_MAGIC = b"GGUF"
 
-    - A path to an existing file -> that path, unchanged.
+
+def resolve_model(spec: str, pull_missing: bool = True) -> Path:
+    """Turn a `--model` value into a local GGUF file or MLX model directory.
+
+    - An existing path is a path, whatever its name: a GGUF file (checked by its magic
+      bytes), or an MLX model directory (`config.json` plus `*.safetensors`, e.g. the output
+      of `tandem models convert --to mlx`).
+    - A Hugging Face `owner/repo/file.gguf` that is not a local path -> the file in the
+      huggingface-hub cache, downloaded when `pull_missing` (HF_HUB_OFFLINE honoured).
     - Path-looking (contains `/` or ends with `.gguf`) but missing -> ModelNotFoundError.
     - A registry name -> its store path, pulled first if needed and `pull_missing`.
 
     Raises:
-        ModelNotFoundError: missing path, unknown name, or a registry model that is not
-            downloaded while `pull_missing` is False.
-        ModelIntegrityError, ModelDownloadError: from `pull`.
+        ModelNotFoundError: missing path, a file that is not GGUF, a directory that is not an
+            MLX model, an unknown name, or a registry model that is not downloaded while
+            `pull_missing` is False.
+        ModelIntegrityError, ModelDownloadError: from `pull` / the hub.
     """
     path = Path(spec).expanduser()
-    looks_like_path = "/" in spec or os.sep in spec or spec.endswith(".gguf")
-    if looks_like_path:
-        if path.is_file():
+    if path.is_file():
+        return check_gguf(path)
+    if path.is_dir():
+        if is_mlx_dir(path):
             return path
-        if path.is_dir():
-            raise ModelNotFoundError(f"model path is a directory, not a .gguf file: {spec}")
+        raise ModelNotFoundError(f"{spec} is a directory but not an MLX model (no config.json "
+                                 "and *.safetensors); pass a .gguf file or an MLX directory")
+    if hf_spec(spec) is not None:
+        return pull_hf(spec, download=pull_missing)
+    if "/" in spec or os.sep in spec or spec.endswith(".gguf"):
         raise ModelNotFoundError(f"model file not found: {spec}")
     get_entry(spec)  # raises the "unknown model" error for anything else
     if pull_missing:
@@ -155,6 +169,78 @@ def resolve_model(spec: str, pull_missing: bool = True) -> Path:
     if is_present(spec):
         return model_path(spec)
     raise ModelNotFoundError(f"model '{spec}' is not downloaded; run: tandem models pull {spec}")
+
+
+def check_gguf(path: Path) -> Path:
+    """`path` if it starts with the GGUF magic; else ModelNotFoundError saying what it is."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelNotFoundError(f"cannot read {path}: {exc.strerror}") from None
+    if magic != GGUF_MAGIC:
+        raise ModelNotFoundError(f"{path} is not a GGUF file (pass a .gguf model file, an MLX "
+                                 "model directory or a registry name: tandem models list)")
+    return path
+
+
+def is_mlx_dir(path: Path) -> bool:
+    """True for a directory in mlx-lm's layout: `config.json` and `*.safetensors`."""
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def mlx_conversions() -> list[Path]:
+    """The MLX conversions in the store (`tandem models convert --to mlx`), by name."""
+    root = store_dir() / "mlx"
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and is_mlx_dir(p))
+
+
+def hf_spec(spec: str) -> tuple[str, str] | None:
+    """(repo id, file name) for a Hugging Face `owner/repo/path/to/file.gguf` (an optional
+    `hf.co/` or `https://huggingface.co/` prefix is dropped), else None."""
+    for prefix in ("https://huggingface.co/", "huggingface.co/", "hf.co/"):
+        if spec.startswith(prefix):
+            spec = spec[len(prefix):]
+    parts = spec.split("/")
+    if len(parts) < 3 or not all(parts) or parts[0] in (".", "..", "~") or spec.startswith("/"):
+        return None
+    if not parts[-1].endswith(".gguf"):
+        return None
+    return f"{parts[0]}/{parts[1]}", "/".join(parts[2:])
+
+
+def pull_hf(spec: str, download: bool = True) -> Path:
+    """The local path of Hugging Face file `spec` (`owner/repo/file.gguf`), through
+    huggingface-hub's cache: downloaded if missing and `download`, else only looked up.
+    HF_HUB_OFFLINE=1 serves from the cache alone.
+
+    Raises:
+        ModelNotFoundError: `spec` is not `owner/repo/file.gguf`, or not cached and not
+            downloaded.
+        ModelDownloadError: the hub could not deliver it (message says why, one line).
+    """
+    parsed = hf_spec(spec)
+    if parsed is None:
+        raise ModelNotFoundError(f"not a Hugging Face file: {spec} (expected "
+                                 "owner/repo/file.gguf)")
+    repo_id, filename = parsed
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = hf_hub_download(repo_id, filename, local_files_only=not download)
+    except Exception as exc:  # the hub raises many types (HTTP, offline, auth, OSError)
+        if not download:
+            raise ModelNotFoundError(f"{spec} is not in the Hugging Face cache; run: tandem "
+                                     f"models pull {spec}") from None
+        from huggingface_hub import constants
+
+        reason = " ".join(str(exc).split()).split(" (Request ID")[0] or type(exc).__name__
+        if constants.HF_HUB_OFFLINE:
+            reason = "not in the Hugging Face cache, and HF_HUB_OFFLINE is set"
+        raise ModelDownloadError(f"huggingface hub {repo_id}/{filename}: {reason}") from None
+    return check_gguf(Path(path))
 
 
 # --- internals ---------------------------------------------------------------------------

@@ -283,6 +283,7 @@ class ChatApp(ChatActions, App[int]):
             decode_tok_s=stats.decode_tok_s or reply.live_decode_tok_s(),
             cached_tokens=stats.cached_tokens, context_tokens=stats.context_tokens,
             kv=self.client.kv_usage(),
+            spec=(stats.accepted_tokens, stats.draft_tokens) if stats.draft_tokens else None,
         )
         self._reply_worker = None  # so the model check below does not see this reply as busy
         self.sync_model()

@@ -13,10 +13,11 @@ from typing import Any
 class ChatSettings:
     """What one chat sends with every request.
 
-    Defaults follow llama.cpp's sampler defaults (temperature 0.8, top-p 0.95, top-k 40,
-    min-p 0.05), which suit small instruction models. `max_tokens=None` means "until the
-    context window is full"; `seed=None` means a fresh random seed per reply; `model=None`
-    means the model the app was started with.
+    The class defaults are llama.cpp's sampler defaults (temperature 0.8, top-p 0.95,
+    top-k 40, min-p 0.05, no repetition penalty); new chats start from the model's
+    recommended settings instead (`for_model`, from `models.registry`). `max_tokens=None`
+    means "until the context window is full"; `seed=None` means a fresh random seed per
+    reply; `model=None` means the model the app was started with.
     """
 
     system_prompt: str = ""
@@ -24,6 +25,7 @@ class ChatSettings:
     top_p: float = 0.95
     top_k: int = 40
     min_p: float = 0.05
+    repetition_penalty: float = 1.0
     max_tokens: int | None = 1024
     seed: int | None = None
     model: str | None = None  # None: the model `tandem chat` started with
@@ -38,8 +40,20 @@ class ChatSettings:
             raise ValueError("top-k must be >= 0 (0 disables it)")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError("min-p must be in [0, 1]")
+        if not self.repetition_penalty > 0:
+            raise ValueError("repetition penalty must be > 0 (1 = off)")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError("max tokens must be at least 1 (or empty for no limit)")
+
+    @classmethod
+    def for_model(cls, model: str | None) -> ChatSettings:
+        """Settings whose sampling values are `model`'s recommended ones (a registry name or
+        a registry model's file; anything else gets llama.cpp's defaults)."""
+        from models.registry import generation_defaults
+
+        d = generation_defaults(model)
+        return cls(temperature=d.temperature, top_p=d.top_p, top_k=d.top_k, min_p=d.min_p,
+                   repetition_penalty=d.repetition_penalty)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, as stored in the database."""

@@ -53,6 +53,8 @@ class ReplyStats:
     completion_tokens: int = 0
     cached_tokens: int | None = None
     finish_reason: str | None = None
+    draft_tokens: int | None = None  # speculative decoding: drafted, verified by the model
+    accepted_tokens: int | None = None  # of those, accepted
 
     @property
     def context_tokens(self) -> int | None:

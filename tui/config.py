@@ -34,9 +34,13 @@ class ChatConfig:
     problems: list[str] = field(default_factory=list)
 
 
-def load_config(path: Path) -> ChatConfig:
-    """Read `path`; a missing file gives the defaults, a broken one defaults plus a problem."""
-    config = ChatConfig()
+def load_config(path: Path, base: ChatSettings | None = None) -> ChatConfig:
+    """Read `path`; a missing file gives the defaults, a broken one defaults plus a problem.
+
+    `base` (e.g. `ChatSettings.for_model(name)`) is what new chats get for every setting
+    `[defaults]` leaves out; None: `ChatSettings()`."""
+    base = base or ChatSettings()
+    config = ChatConfig(defaults=base)
     if not path.exists():
         return config
     try:
@@ -56,7 +60,7 @@ def load_config(path: Path) -> ChatConfig:
     defaults = data.get("defaults", {})
     if isinstance(defaults, dict):
         try:
-            settings = ChatSettings.from_dict(defaults)
+            settings = ChatSettings.from_dict({**base.to_dict(), **defaults})
             settings.validate()
             config.defaults = settings
         except (TypeError, ValueError) as exc:

@@ -11,7 +11,7 @@ from app.engine.types import (
     SamplingParams,
 )
 from app.prompts import chat_prompt_ids
-from models.chat_template import ChatTemplateError
+from models.chat_template import ChatTemplateError, TemplateRaised
 from tui.chat_settings import ChatSettings
 from tui.client import ChatClient, ClientError, ContextFullError, Message, ReplyStream
 
@@ -45,6 +45,7 @@ def to_sampling_params(settings: ChatSettings) -> SamplingParams:
         top_k=settings.top_k,
         min_p=settings.min_p,
         seed=settings.seed,
+        repetition_penalty=settings.repetition_penalty,
     )
 
 
@@ -123,6 +124,9 @@ class EngineClient(ChatClient):
             raise ClientError("The model is not loaded yet.")
         try:
             prompt = chat_prompt_ids(self.engine.tokenizer, messages)
+        except TemplateRaised as exc:  # the template refused these messages, in its words
+            raise ClientError(f"The model's chat template refused the conversation: "
+                              f"{exc.message}") from exc
         except ChatTemplateError as exc:
             raise ClientError(f"The model's chat template failed: {exc}") from exc
         try:
@@ -179,6 +183,8 @@ class _EngineReply(ReplyStream):
         self.stats.prompt_tokens = metrics.prompt_tokens
         self.stats.completion_tokens = metrics.completion_tokens
         self.stats.cached_tokens = metrics.cached_tokens
+        self.stats.draft_tokens = metrics.num_draft_tokens
+        self.stats.accepted_tokens = metrics.num_accepted_tokens
         if metrics.ttft is not None:
             self.stats.ttft_s = metrics.ttft
         if metrics.decode_tok_s is not None:

@@ -98,6 +98,8 @@ class ServerClient(ChatClient):
             body["top_k"] = settings.top_k
         if settings.min_p:
             body["min_p"] = settings.min_p
+        if settings.repetition_penalty != 1.0:
+            body["repetition_penalty"] = settings.repetition_penalty
         if settings.max_tokens is not None:
             body["max_tokens"] = settings.max_tokens
         if settings.seed is not None:

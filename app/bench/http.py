@@ -47,6 +47,19 @@ WORDS = (
 ).split()
 
 
+class ServerHTTPError(RuntimeError):
+    """The server answered a request with an error status; the message is one line:
+    `HTTP 401: <the error body's message>`."""
+
+    def __init__(self, status: int, body: str):
+        try:
+            detail = json.loads(body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            detail = body
+        self.status = status
+        super().__init__(f"HTTP {status}: {' '.join(str(detail).split())[:300]}")
+
+
 @dataclass
 class _Result:
     ttft: float  # seconds
@@ -90,8 +103,7 @@ async def _one(
     timings: dict[str, Any] | None = None
     async with http.stream("POST", "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
-            detail = (await r.aread()).decode(errors="replace")[:500]
-            raise RuntimeError(f"HTTP {r.status_code}: {detail}")
+            raise ServerHTTPError(r.status_code, (await r.aread()).decode(errors="replace"))
         async for line in r.aiter_lines():
             if not line.startswith("data:"):
                 continue

@@ -5,35 +5,49 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+from pathlib import Path
 
 from app.commands.common import add_model_args, fail, load_engine, positive_int, user_errors
+from app.commands.engine_flags import non_negative_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark the engine (in-process, or a server with --url)")
     add_model_args(p)
-    p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels")
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--max-tokens", type=positive_int, default=128, help="output tokens, forced")
-    p.add_argument("--requests", type=positive_int, default=16, help="requests per level")
-    p.add_argument("--shared-prefix-tokens", type=int, default=0,
-                   help="a common prefix (e.g. a system prompt) before every prompt")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--png", help="draw throughput against per-user tok/s into this file")
+    p.add_argument("--concurrency", default="1,4,16", metavar="N,N,...",
+                   help="comma-separated concurrency levels, requests in flight (default: "
+                   "1,4,16)")
+    p.add_argument("--prompt-tokens", type=positive_int, default=128, metavar="TOKENS",
+                   help="prompt length per request, tokens (default: 128)")
+    p.add_argument("--max-tokens", type=positive_int, default=128, metavar="TOKENS",
+                   help="output tokens per request, forced (default: 128)")
+    p.add_argument("--requests", type=positive_int, default=16, metavar="N",
+                   help="requests per level (default: 16)")
+    p.add_argument("--shared-prefix-tokens", type=non_negative_int, default=0, metavar="TOKENS",
+                   help="a common prefix (e.g. a system prompt) before every prompt, tokens "
+                   "(default: 0)")
+    p.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="seed of the generated prompts (default: 0)")
+    p.add_argument("--png", metavar="PATH",
+                   help="draw throughput against per-user tok/s into this file (default: none)")
     p.add_argument("--baseline", choices=["raw"], default=None,
                    help="also measure raw llama.cpp decode at each level's batch size and "
-                        "report ratios (decode_vs_raw)")
+                        "report ratios (decode_vs_raw) (default: none)")
     p.add_argument("--vs-mlx-lm", action="store_true",
                    help="with --backend mlx: compare against mlx-lm's stream_generate and "
                         "BatchGenerator (at the largest --concurrency level) on the same "
-                        "converted model, plus prefix-hit TTFT (app/bench/mlx.py)")
+                        "converted model, plus prefix-hit TTFT (app/bench/mlx.py) "
+                        "(default: off)")
     p.add_argument("--workload", default=None,
                    help="speculative-decoding benchmark: comma-separated workloads "
                         "(code-edit, prediction, free); --spec is then a comma-separated "
                         "list of modes, each compared with off in the same run "
-                        "(app/bench/spec.py)")
-    p.add_argument("--url", help="benchmark an OpenAI-compatible server instead (HTTP)")
-    p.add_argument("--api-key", default=None, help="with --url")
+                        "(app/bench/spec.py) (default: none)")
+    p.add_argument("--url", help="benchmark an OpenAI-compatible server instead (HTTP; "
+                   "default: the engine in-process)")
+    p.add_argument("--api-key", default=None,
+                   help="bearer token for --url (default: $TANDEM_API_KEY)")
     p.set_defaults(func=main)
 
 
@@ -46,6 +60,8 @@ def main(args: argparse.Namespace) -> int:
         return fail("--concurrency levels must be >= 1")
     if args.vs_mlx_lm and (args.backend != "mlx" or args.url):
         return fail("--vs-mlx-lm needs --backend mlx and no --url")
+    if args.png and (problem := unwritable(args.png)):
+        return fail(f"--png {args.png}: {problem}")
     if args.workload:
         return _spec(args, levels)
     try:
@@ -56,7 +72,12 @@ def main(args: argparse.Namespace) -> int:
                            seed=args.seed, emit=lambda r: print(json.dumps(r), flush=True))
             return 0
         if args.url:
-            results = _http(args, levels)
+            import httpx
+
+            try:
+                results = _http(args, levels)
+            except (httpx.HTTPError, RuntimeError) as exc:
+                return fail(f"{args.url}: {exc or type(exc).__name__}")
         else:
             results = asyncio.run(_local(args, levels))
     except user_errors() as exc:
@@ -98,15 +119,29 @@ async def _local(args: argparse.Namespace, levels: list[int]) -> list[dict]:
     return results
 
 
+def unwritable(path: str) -> str | None:
+    """Why an output file cannot be written at `path` (checked before a long run), or None."""
+    p = Path(path).expanduser()
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        return "is a directory"
+    if not parent.is_dir():
+        return f"no such directory: {parent}"
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        return "permission denied"
+    return None
+
+
 def _http(args: argparse.Namespace, levels: list[int]) -> list[dict]:
     from app.bench.http import run_http_bench
 
+    api_key = args.api_key if args.api_key is not None else os.environ.get("TANDEM_API_KEY")
     results = []
     for c in levels:
         result = run_http_bench(
             args.url, args.model, concurrency=c, requests=args.requests,
             prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
-            system_prompt_tokens=args.shared_prefix_tokens, api_key=args.api_key,
+            system_prompt_tokens=args.shared_prefix_tokens, api_key=api_key,
         )
         print(json.dumps(result), flush=True)
         results.append(result)

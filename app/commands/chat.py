@@ -24,12 +24,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--server", metavar="URL", default=None,
-        help="OpenAI-compatible server, e.g. http://127.0.0.1:8000 (no local model is loaded)",
+        help="OpenAI-compatible server, e.g. http://127.0.0.1:8000 (no local model is loaded; "
+        "default: the engine in-process)",
     )
-    parser.add_argument("--api-key", default=None, help="bearer token for --server")
+    parser.add_argument("--api-key", default=None, help="bearer token for --server (default: none)")
     parser.add_argument(
         "--system", metavar="TEXT", default=None,
-        help="start a new chat with this system prompt",
+        help="start a new chat with this system prompt (default: none)",
     )
     # the engine flags of run/serve/bench, for the in-process engine (--model is above)
     add_engine_args(parser, ENGINE_FLAGS)
@@ -66,7 +67,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"tandem chat: {exc}")
         return 1
     try:
-        app = ChatApp(backend, store, load_config(path), system_prompt=args.system, config_path=path)
+        # new chats sample with the model's recommended settings unless config.toml says
+        # otherwise (with --server and no --model: llama.cpp's defaults)
+        from tui.chat_settings import ChatSettings
+
+        recommended = ChatSettings.for_model(args.model or (None if args.server else DEFAULT_MODEL))
+        app = ChatApp(backend, store, load_config(path, recommended), system_prompt=args.system,
+                      config_path=path)
         return app.run() or 0
     finally:
         backend.close()

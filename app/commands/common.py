@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from app.commands.engine_flags import add_engine_args, engine_args_from, positive_int
+from app.commands.engine_flags import (
+    COMMON,
+    add_engine_args,
+    default_of,
+    engine_args_from,
+    positive_int,
+)
 
-__all__ = ["add_model_args", "fail", "load_engine", "port_number", "positive_int",
+__all__ = ["add_model_args", "fail", "load_engine", "model_notes", "port_number", "positive_int",
            "user_errors"]
 
 
@@ -24,14 +31,41 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     add_engine_args(parser)
 
 
-def load_engine(args: argparse.Namespace, max_seqs: int | None = None, **overrides):
-    """Load the engine for parsed flags; `max_seqs` overrides the batch size. Raises the
-    store's and backend's errors unchanged."""
+def load_engine(args: argparse.Namespace, max_seqs: int | None = None, flags=COMMON,
+                **overrides):
+    """Load the engine for parsed flags; `max_seqs` overrides the batch size. A `--model`
+    directory (an MLX model) picks the mlx backend when `--backend` is unset. Notes on
+    stderr what was decided for the user (`model_notes`). Raises the store's and backend's
+    errors unchanged. `flags`: the engine flags the command has."""
     from app.loader import load_engine as load
 
     if max_seqs is not None:
         overrides["runner__max_seqs"] = max_seqs
-    return load(engine_args_from(args, **overrides))
+    if Path(args.model).expanduser().is_dir() and getattr(args, "backend", None) is None:
+        overrides["backend"] = "mlx"  # only MLX loads a model directory
+    engine = load(engine_args_from(args, flags, **overrides))
+    for note in model_notes(args, engine):
+        print(f"tandem: note: {note}", file=sys.stderr)
+    return engine
+
+
+def model_notes(args: argparse.Namespace, engine) -> list[str]:
+    """What the engine decided that the flags did not say: a `--ctx-size` above the
+    model's trained context was capped; the MLX backend runs a converted copy of the GGUF
+    (`tandem models convert --to mlx`) instead of the file itself."""
+    notes = []
+    asked = getattr(args, "ctx_size", None)
+    if asked and asked > engine.context_length and asked != default_of("runner.seq_tokens"):
+        notes.append(f"--ctx-size {asked} is above the model's context; using "
+                     f"{engine.context_length} tokens")
+    if engine.backend_name == "mlx":
+        from backends.mlx.convert import converted_dir, is_current
+        from models.store import resolve_model
+
+        path = resolve_model(args.model, pull_missing=False)
+        if path.suffix == ".gguf" and is_current(converted_dir(path), path):
+            notes.append(f"using the MLX conversion {converted_dir(path)}")
+    return notes
 
 
 def fail(message: str) -> int:

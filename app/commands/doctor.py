@@ -21,8 +21,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("doctor", help="show hardware, installed backends and the "
                                                   "backend that would run")
     parser.add_argument("--backend", choices=["llamacpp", "mlx"], default=None,
-                        help="check this backend instead of the automatic choice")
-    parser.add_argument("--json", action="store_true", help="print JSON")
+                        help="check this backend instead of the automatic choice (default: automatic)")
+    parser.add_argument("--json", action="store_true", help="print JSON (default: a table)")
     parser.set_defaults(func=run)
 
 

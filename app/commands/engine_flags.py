@@ -59,9 +59,11 @@ CTX_SIZE = Flag("--ctx-size", "runner.seq_tokens", "context window per sequence,
                 "(capped by the model's)", positive_int, metavar="TOKENS")
 THREADS = Flag("--threads", "runner.n_threads", "CPU threads of the backend (unset: all "
                "available CPUs)", positive_int, metavar="N")
-KV_LAYOUT = Flag("--kv-layout", "runner.kv_layout", "llama.cpp KV cache: a stream per "
-                 "sequence (split: faster decode, concurrency x ctx-size cells allocated up "
-                 "front) or one shared pool (unified); auto picks split when that fits 2 GiB",
+KV_LAYOUT = Flag("--kv-layout", "runner.kv_layout", "llama.cpp KV cache: split (a stream "
+                 "per sequence, concurrency x ctx-size cells allocated up front; greedy and "
+                 "seeded output independent of load), auto (split with as many sequences as "
+                 "1/8 of this machine's memory holds) or unified (one shared pool: more "
+                 "sequences in less memory, but output may vary with load)",
                  choices=("auto", "split", "unified"))
 MAX_CONCURRENCY = Flag("--max-concurrency", "runner.max_seqs", "sequences decoded together "
                        "in one batch", positive_int, metavar="N")

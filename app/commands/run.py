@@ -4,63 +4,119 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 
 from app.commands.common import add_model_args, fail, load_engine, user_errors
+from app.commands.sampling_flags import add_sampling_args, sampling_values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="answer one prompt, streaming the reply")
-    p.add_argument("prompt", help="the user message (or raw text with --raw)")
+    p = sub.add_parser(
+        "run", help="answer one prompt, streaming the reply",
+        description="Answer one prompt: the reply streams to stdout, timings go to stderr. "
+        "The prompt is PROMPT, the text of --file PATH, or stdin when PROMPT is - or absent "
+        "(echo hi | tandem run).")
+    p.add_argument("prompt", nargs="?", default=None,
+                   help="the user message (raw text with --raw); - or absent: read stdin")
+    p.add_argument("--file", "-f", metavar="PATH", default=None,
+                   help="read the prompt from this file (default: PROMPT or stdin)")
     add_model_args(p)
-    p.add_argument("--system", help="system prompt")
-    p.add_argument("--raw", action="store_true", help="send the prompt as-is, no chat template")
-    p.add_argument("--max-tokens", type=int, default=512, help="tokens to generate at most")
-    # llama.cpp's sampling defaults
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.set_defaults(func=main)
+    p.add_argument("--system", metavar="TEXT",
+                   help="system message, placed by the chat template (default: none)")
+    p.add_argument("--raw", action="store_true",
+                   help="send the prompt as is, no chat template (default: off)")
+    add_sampling_args(p)
+    p.set_defaults(func=main, parser=p)
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt text: `--file`, stdin (`-` or no PROMPT, unless stdin is a terminal), or
+    PROMPT. Raises ValueError naming what to give instead."""
+    if args.file is not None:
+        if args.prompt is not None:
+            raise ValueError("give the prompt as PROMPT or with --file, not both")
+        with open(args.file, encoding="utf-8") as f:
+            return f.read()
+    if args.prompt is None or args.prompt == "-":
+        if args.prompt is None and sys.stdin.isatty():
+            raise ValueError("no prompt: give PROMPT, --file PATH, or pipe it on stdin")
+        return sys.stdin.read()
+    return args.prompt
 
 
 def main(args: argparse.Namespace) -> int:
+    parser = args.parser
+    if args.raw and args.system is not None:
+        parser.error("--system needs the chat template, which --raw skips; put the system "
+                     "text in the raw prompt instead")
     try:
-        return asyncio.run(_run(args))
+        prompt = read_prompt(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    except OSError as exc:
+        return fail(f"--file {args.file}: {exc.strerror}")
+    if not prompt.strip():
+        parser.error("the prompt is empty")
+    try:
+        return asyncio.run(_run(args, prompt))
     except user_errors() as exc:
         return fail(str(exc))
 
 
-async def _run(args: argparse.Namespace) -> int:
+async def _run(args: argparse.Namespace, prompt: str) -> int:
     from app.engine import SamplingParams
     from app.prompts import chat_prompt_ids, raw_prompt_ids
 
-    params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=args.stop,
+    params = SamplingParams(  # flags given, else the model's recommended settings
+        max_tokens=args.max_tokens, seed=args.seed, stop=args.stop, **sampling_values(args),
     )
     engine = load_engine(args, max_seqs=1)
     try:
         if args.raw:
-            prompt_ids = raw_prompt_ids(engine.tokenizer, args.prompt)
+            prompt_ids = raw_prompt_ids(engine.tokenizer, prompt)
         else:
             messages = [{"role": "system", "content": args.system}] if args.system else []
-            messages.append({"role": "user", "content": args.prompt})
+            messages.append({"role": "user", "content": prompt})
             prompt_ids = chat_prompt_ids(engine.tokenizer, messages)
         out = None
-        async for out in engine.generate(prompt_ids, params):
-            if out.text:
-                sys.stdout.write(out.text)
-                sys.stdout.flush()
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        try:
+            last = "\n"
+            async for out in engine.generate(prompt_ids, params):
+                if out.text:
+                    sys.stdout.write(out.text)
+                    sys.stdout.flush()
+                    last = out.text[-1]
+            if last != "\n":  # the stats line on stderr starts on its own line
+                sys.stdout.write("\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # `| head`: the reader is gone; stop quietly, like Unix tools
+            _silence_stdout()
+            return 0
         if out is not None and out.metrics is not None:
-            print(_summary(out.metrics, out.finish_reason), file=sys.stderr)
+            print(_summary(out.metrics, finish_label(out, engine.context_length)),
+                  file=sys.stderr)
     finally:
         engine.shutdown()
     return 0
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the flush at exit cannot fail a second time."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def finish_label(out, context_length: int) -> str | None:
+    """Why the reply ended, as the stats line says it: `stop`, `max tokens`, or `context
+    full` when the context window (prompt + reply = `context_length` tokens) ended it."""
+    if out.finish_reason != "length":
+        return out.finish_reason
+    m = out.metrics
+    if m is not None and m.prompt_tokens + m.completion_tokens >= context_length:
+        return "context full"
+    return "max tokens"
 
 
 def _summary(m, finish_reason: str | None) -> str:

@@ -12,16 +12,16 @@ import os
 import sys
 from pathlib import Path
 
-from app.commands.common import port_number
+from app.commands.common import load_engine, port_number
 from app.commands.engine_flags import (
     COMMON,
     MAX_CONCURRENCY,
     MAX_QUEUE,
     add_engine_args,
-    engine_args_from,
 )
+from app.commands.graceful import GracefulServer, bind_socket
 from app.config import EngineArgs
-from models.registry import DEFAULT_MODEL
+from models.registry import DEFAULT_MODEL, generation_defaults
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, "
         "/v1/completions, /v1/models, /health, /metrics).",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=port_number, default=8000, help="TCP port (default 8000)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=port_number, default=8000, help="TCP port (default: 8000)")
     p.add_argument(
         "--api-key",
         default=None,
@@ -45,10 +45,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         default=[],
         metavar="ORIGIN",
-        help="allow browser requests from these origins ('*' for any)",
+        help="allow browser requests from these origins ('*' for any; default: none)",
     )
-    p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    p.add_argument("--log-level", default="warning",
+                   choices=("critical", "error", "warning", "info", "debug", "trace"),
+                   help="uvicorn log level (default: warning)")
+    p.add_argument("--shutdown-timeout", type=non_negative_float, default=10.0,
+                   metavar="SECONDS",
+                   help="on Ctrl+C or SIGTERM, seconds running requests may take to finish "
+                   "before their streams are ended with an error (default: 10)")
     p.set_defaults(func=run)
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
 
 
 def model_aliases(spec: str, engine_name: str) -> set[str]:
@@ -71,14 +88,20 @@ def model_aliases(spec: str, engine_name: str) -> set[str]:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app.loader import load_engine
     from app.server.app import create_app
+    from app.server.limits import uvicorn_options
 
     spec = args.model
     api_key = args.api_key if args.api_key is not None else os.environ.get("TANDEM_API_KEY")
+    try:  # before the model loads: a busy port is reported at once
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        print(f"tandem serve: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     try:
-        engine = load_engine(engine_args_from(args, COMMON + (MAX_CONCURRENCY, MAX_QUEUE)))
+        engine = load_engine(args, flags=COMMON + (MAX_CONCURRENCY, MAX_QUEUE))
     except Exception as exc:
+        sock.close()
         if not _is_resolution_error(exc):
             raise
         print(f"tandem serve: {exc}", file=sys.stderr)
@@ -90,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             model_name=engine.model_name,
             aliases=model_aliases(spec, engine.model_name),
             cors_origins=args.cors_origin,
+            defaults=generation_defaults(spec),  # for what a request leaves out
         )
         config = uvicorn.Config(
             app,
@@ -97,19 +121,28 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             log_level=args.log_level,
             access_log=args.log_level in ("debug", "info"),
-            timeout_graceful_shutdown=3,
+            **uvicorn_options(),  # header and keep-alive timeouts: slow clients hold nothing
         )
-        server = uvicorn.Server(config)
         shown = f"[{args.host}]" if ":" in args.host else args.host
-        layout = engine.describe()["kv_layout"]
-        print(
+        d = engine.describe()
+        layout = d["kv_layout"]
+        if d["kv_bytes"] is not None:
+            print(f"tandem: {layout} KV: {d['max_seqs']} sequences x {d['context_length']} "
+                  f"tokens, {d['kv_bytes'] / 2**30:.1f} GiB (budget "
+                  f"{d['kv_budget_bytes'] / 2**30:.1f} GiB, 1/8 of memory)", flush=True)
+        if layout == "unified":
+            print("tandem: note: with --kv-layout unified, output (even at temperature 0) "
+                  "may vary with load and cache history", flush=True)
+        banner = (
             f"tandem: serving {engine.model_name} ({engine.backend_name}, context "
             f"{engine.context_length}" + (f", {layout} KV" if layout else "")
             + f") at http://{shown}:{args.port}/v1"
-            + (" (API key required)" if api_key else ""),
-            flush=True,
+            + (" (API key required)" if api_key else "")
         )
-        server.run()
+        server = GracefulServer(config, args.shutdown_timeout,
+                                on_grace_expired=app.state.ctx.end_streams,
+                                on_listening=lambda: print(banner, flush=True))
+        server.run(sockets=[sock])
     finally:
         engine.shutdown()
     return 0

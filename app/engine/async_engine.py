@@ -92,15 +92,19 @@ class AsyncEngine:
         self._thread.start()
 
     def describe(self) -> dict[str, object]:
-        """What serves requests: backend, model, KV layout (llama.cpp), block size, slots."""
+        """What serves requests: backend, model, KV layout, KV bytes allocated and the budget
+        (llama.cpp), block size, slots, context length, whether it speculates."""
         runner = self.runner
         return {
             "backend": self.backend_name,
             "model": self.model_name,
             "kv_layout": getattr(runner, "kv_layout", None),
+            "kv_bytes": getattr(runner, "kv_bytes", None),
+            "kv_budget_bytes": getattr(runner, "kv_budget_bytes", None),
             "block_size": runner.block_size,
             "max_seqs": runner.max_seqs,
             "context_length": self.context_length,
+            "speculation": self.engine.speculator is not None,
         }
 
     # -- requests --------------------------------------------------------------------------

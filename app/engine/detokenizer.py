@@ -3,7 +3,9 @@
 Tokens map to raw bytes (byte-level BPE pieces may split a UTF-8 character), so text is
 produced by an incremental UTF-8 decoder: a character split over several tokens is emitted
 once, whole, when its last byte arrives; bytes that can never form a valid character become
-U+FFFD at once (Python's `codecs` incremental decoder with ``errors="replace"``).
+U+FFFD at once (Python's `codecs` incremental decoder with ``errors="replace"``). At the end of
+a request, the bytes of a character the generation stopped inside (e.g. cut by max_tokens
+halfway through an emoji) are dropped, never shown as U+FFFD; their tokens still count.
 
 Stop strings are matched on the decoded text. Any suffix of the not-yet-emitted text that is
 a prefix of a stop string is held back until it either completes a stop string (the text
@@ -55,10 +57,11 @@ class IncrementalDetokenizer:
         return self._release(final=False)
 
     def flush(self) -> str:
-        """End of request: return the held-back text; an incomplete UTF-8 tail is U+FFFD."""
+        """End of request: return the held-back text. The incomplete UTF-8 tail of a
+        character cut off by the end of generation is dropped (not shown as U+FFFD)."""
         if self.stopped:
             return ""
-        self._pending += self._decoder.decode(b"", final=True)
+        self._decoder.reset()  # forget the buffered bytes of an unfinished character
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:

@@ -15,7 +15,7 @@ Single-threaded by design; `AsyncEngine` drives it from its own thread.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -23,10 +23,11 @@ from app.engine.block_manager import BlockManager
 from app.engine.config import EngineConfig, SchedulerConfig
 from app.engine.detokenizer import IncrementalDetokenizer
 from app.engine.request import Request, RequestStatus
-from app.engine.sampler import position_rng, sample, seed_key
+from app.engine.sampler import distribution, position_rng, sample, seed_key
 from app.engine.scheduler import Scheduler, SchedulerOutput
 from app.engine.slots import SlotPool
 from app.engine.spec_decode.speculator import Speculator
+from app.engine.spec_decode.verify import rejection_sample
 from app.engine.types import (
     EngineStats,
     PromptTooLongError,
@@ -108,8 +109,10 @@ class LLMEngine:
             on_evict=self.residency.evict,
         )
         self.slots = SlotPool(runner.max_seqs)
-        self.scheduler = Scheduler(self.config.scheduler, self.block_manager, self.slots,
-                                   self.residency)
+        sched = self.config.scheduler
+        if sched.max_num_seqs > runner.max_seqs:  # the runner gave fewer slots (KV budget)
+            sched = replace(sched, max_num_seqs=runner.max_seqs)
+        self.scheduler = Scheduler(sched, self.block_manager, self.slots, self.residency)
         self.requests: dict[str, Request] = {}
         self.eos_ids = set(runner.tokenizer.eos_ids)
         self.prompt_tokens_total = 0
@@ -173,6 +176,7 @@ class LLMEngine:
         plan = self._build_batch(sched)
         logits = self.runner.execute(plan.items)
         sampled = self._sample(plan, logits)
+        self._verify_sampled_drafts(plan, logits, sampled)
         return self._commit(plan, sampled)
 
     def _build_batch(self, sched: SchedulerOutput) -> StepPlan:
@@ -236,6 +240,30 @@ class LLMEngine:
             sampled.setdefault(r, []).append((int(result.token_ids[row]), lp))
         return sampled
 
+    def _verify_sampled_drafts(self, plan: StepPlan, logits: np.ndarray,
+                               sampled: dict[Request, list[Sampled]]) -> None:
+        """Rejection sampling for drafts a draft model sampled (with their distributions q
+        in `spec_state["q"]`): position j's target token becomes the draft if accepted
+        (probability min(1, p/q)), else a draw from norm(max(0, p - q)), and the positions
+        after a rejection are dropped; the token after a fully accepted draft stays the
+        target's own sample. Draws are keyed by (seed, position), streams 1 and 2."""
+        for s in plan.scheduled:
+            r = s.request
+            qs = r.spec_state.pop("q", None)
+            if not qs or not s.num_drafts:
+                continue
+            targets = sampled[r]
+            output = r.output_ids
+            for j, draft in enumerate(r.spec_token_ids):
+                p = distribution(logits[s.first_row + j], r.params, r.prompt_ids,
+                                 output + r.spec_token_ids[:j])
+                rng = position_rng(r.seed_key, len(output) + j, stream=1)
+                token, ok = rejection_sample(p, qs[j], draft, rng.random(), rng.random())
+                targets[j] = (token, None)
+                if not ok:
+                    del targets[j + 1:]
+                    break
+
     def _commit(self, plan: StepPlan, sampled: dict[Request, list[Sampled]]) -> StepResult:
         result = StepResult()
         now = time.perf_counter()
@@ -249,7 +277,8 @@ class LLMEngine:
             targets = sampled[r]
             drafts = r.spec_token_ids
             r.spec_token_ids = []
-            # verify: accept drafts while the target's token equals the draft
+            # verify: accept drafts while the target's token equals the draft (for sampled
+            # drafts, `_verify_sampled_drafts` already made the targets so)
             num_accepted = 0
             while num_accepted < len(drafts) and targets[num_accepted][0] == drafts[num_accepted]:
                 num_accepted += 1

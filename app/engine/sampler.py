@@ -2,7 +2,8 @@
 
 Order of operations per row, as vLLM applies them:
 
-1. penalties on the raw logits — repetition (CTRL, Keskar et al. 2019, as llama.cpp applies
+1. OpenAI's `logit_bias` added to the raw logits (as llama.cpp's first sampler does), then
+   penalties — repetition (CTRL, Keskar et al. 2019, as llama.cpp applies
    it: over prompt and output, a positive logit is divided by the penalty, a non-positive one
    multiplied), then presence/frequency (OpenAI: ``logit -= freq * count + presence * (count
    > 0)`` over output tokens);
@@ -87,11 +88,13 @@ def position_rng(key: int, position: int, stream: int = 0) -> np.random.Generato
 
 
 def has_penalties(params: SamplingParams) -> bool:
-    """Whether any of repetition/presence/frequency penalty changes the logits."""
+    """Whether `logit_bias` or any of repetition/presence/frequency penalty changes the
+    logits (such a row leaves the all-greedy ``argmax`` fast path)."""
     return (
         params.repetition_penalty != 1.0
         or params.presence_penalty != 0.0
         or params.frequency_penalty != 0.0
+        or bool(params.logit_bias)
     )
 
 
@@ -101,9 +104,9 @@ def apply_penalties(
     prompt_ids: list[int],
     output_ids: list[int],
 ) -> np.ndarray:
-    """Penalised copy of one logits row ``[V]``; the input is never modified.
+    """Biased and penalised copy of one logits row ``[V]``; the input is never modified.
 
-    Repetition penalty r (CTRL, Keskar et al. 2019, applied as llama.cpp does): for every
+    `logit_bias` {id: b} first adds b to each listed token's logit (OpenAI). Repetition penalty r (CTRL, Keskar et al. 2019, applied as llama.cpp does): for every
     distinct token in prompt + output, a logit > 0 becomes logit / r, else logit * r.
     Presence p and frequency f (OpenAI): for each distinct output token seen c times,
     logit -= f * c + p. Returns `logits` itself (not a copy) when no penalty is active.
@@ -113,6 +116,10 @@ def apply_penalties(
         return logits
     out = np.array(logits, copy=True)
     vocab = out.shape[-1]
+    if params.logit_bias:
+        ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64, count=len(params.logit_bias))
+        _check_ids(ids, vocab)
+        out[ids] += np.fromiter(params.logit_bias.values(), dtype=out.dtype, count=ids.size)
     if params.repetition_penalty != 1.0:
         seen = np.concatenate(
             (np.asarray(prompt_ids, dtype=np.int64), np.asarray(output_ids, dtype=np.int64))
@@ -144,9 +151,9 @@ def sample(
     it is only read. `params`, `prompt_ids`, `output_ids` (tokens generated so far) and `rngs`
     have one entry per row; only sampled rows consume their generator, one ``random()`` each.
     Returns a `SampleResult`. Raises ValueError on mismatched lengths, a non-2-D `logits`, an
-    out-of-range penalty token id, or a sampled row whose largest logit is NaN or -inf.
+    out-of-range penalty or logit_bias token id, or a sampled row whose largest logit is NaN or -inf.
 
-    All-greedy batches without penalties or logprobs (the decode hot path) are one
+    All-greedy batches without penalties, logit_bias or logprobs (the decode hot path) are one
     ``argmax`` over ``[B, V]``.
     """
     if logits.ndim != 2:
@@ -194,6 +201,16 @@ def _check_ids(ids: np.ndarray, vocab: int) -> None:
 
 def _sample_row(row: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
     """Temperature, top-k, top-p, min-p, then one draw; returns the token id."""
+    ids, probs = filtered_weights(row, p)
+    j = draw(probs, rng.random())
+    return int(j if ids is None else ids[j])
+
+
+def filtered_weights(row: np.ndarray, p: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
+    """The distribution a sampled row draws from, for penalised logits `row` ``[V]``:
+    (candidate token ids, or None for all of 0..V-1; their unnormalised weights), after
+    temperature, top-k, top-p and min-p. Raises ValueError if the row's largest logit is
+    NaN or -inf."""
     vocab = row.shape[0]
     top = row.max()
     if not np.isfinite(top):
@@ -215,8 +232,26 @@ def _sample_row(row: np.ndarray, p: SamplingParams, rng: np.random.Generator) ->
         keep = np.flatnonzero(probs >= p.min_p * probs.max())
         ids = keep if ids is None else ids[keep]
         probs = probs[keep]
-    j = draw(probs, rng.random())
-    return int(j if ids is None else ids[j])
+    return ids, probs
+
+
+def distribution(row: np.ndarray, p: SamplingParams, prompt_ids: list[int],
+                 output_ids: list[int]) -> np.ndarray:
+    """The full next-token distribution ``[V]`` float64 (sums to 1) the sampler draws from
+    for raw logits `row`: penalties over the history, then `filtered_weights`; a greedy row
+    puts all mass on its argmax. Used by rejection sampling, which needs p and q."""
+    row = apply_penalties(row, p, prompt_ids, output_ids)
+    out = np.zeros(row.shape[0], dtype=np.float64)
+    if p.temperature < GREEDY_TEMPERATURE:
+        out[int(np.argmax(row))] = 1.0
+        return out
+    ids, w = filtered_weights(row, p)
+    w = np.asarray(w, dtype=np.float64)
+    if ids is None:
+        out[:] = w
+    else:
+        out[ids] = w
+    return out / out.sum()
 
 
 def top_k_ids(x: np.ndarray, k: int) -> np.ndarray:

@@ -40,6 +40,9 @@ class SamplingParams:
     chosen token's log-probability and the `k` most likely alternatives. `speculative=False`
     opts out of speculative decoding; `prediction` (token ids) is OpenAI's Predicted
     Outputs, the draft source for this request. Neither changes the output's distribution.
+    `logit_bias` is OpenAI's: {token id: bias in [-100, 100]} added to that token's raw logit
+    before the penalties (-100 in effect bans a token, +100 forces it); ids are checked
+    against the vocabulary when sampled (the server checks them at submission).
     """
 
     max_tokens: int | None = 256
@@ -57,6 +60,7 @@ class SamplingParams:
     logprobs: int | None = None
     speculative: bool = True  # False opts this request out of speculative decoding
     prediction: list[int] | None = None  # expected output's token ids (Predicted Outputs)
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, [-100, 100]
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -73,6 +77,12 @@ class SamplingParams:
             raise ValueError("repetition_penalty must be > 0")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError("logprobs must be >= 0")
+        if self.logit_bias:
+            for token, bias in self.logit_bias.items():
+                if token < 0:
+                    raise ValueError(f"logit_bias token id {token} must be >= 0")
+                if not -100.0 <= bias <= 100.0:  # also refuses NaN
+                    raise ValueError(f"logit_bias for token {token} must be in [-100, 100]")
 
     @property
     def greedy(self) -> bool:

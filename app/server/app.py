@@ -1,8 +1,10 @@
 """The FastAPI application of `tandem serve`.
 
-`create_app(engine, ...)` wires the routes, the OpenAI error shape, the API key, CORS and
-Prometheus metrics around an engine that is already loaded; the caller owns the engine
-(and shuts it down).
+`create_app(engine, ...)` wires the routes, the OpenAI error shape, the API key, CORS,
+Prometheus metrics and the request limits (body size and body timeout, `app.server.limits`)
+around an engine that is already loaded; the caller owns the engine (and shuts it down).
+The header timeout lives in the HTTP protocol: run the app with
+`uvicorn.Config(app, ..., **app.server.limits.uvicorn_options())`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from app.server import routes_chat, routes_completions, routes_misc
 from app.server.auth import APIKeyMiddleware
 from app.server.context import ServerContext
 from app.server.errors import install_error_handlers
+from app.server.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestLimitsMiddleware
 from app.server.metrics import ServerMetrics
+from models.registry import GenerationDefaults
 
 
 class _CountResponses:
@@ -48,19 +52,25 @@ def create_app(
     model_name: str | None = None,
     aliases: Iterable[str] = (),
     cors_origins: Iterable[str] = (),
+    defaults: GenerationDefaults | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
     """An app serving `engine` (an `AsyncEngine`, or anything with its API).
 
     `model_name` is the id listed by `/v1/models` (default `engine.model_name`); requests may
     also name any of `aliases`. With `api_key`, every `/v1` route needs `Authorization:
     Bearer <api_key>`; `/health` and `/metrics` stay open. `cors_origins` enables CORS for
-    those origins (`"*"` for any).
+    those origins (`"*"` for any). `defaults`: the model's recommended sampling settings
+    for what a request leaves out (None: OpenAI's). A body over `max_body_bytes` is a 413,
+    one whose next chunk takes over `body_timeout_s` seconds a 408.
     """
     name = model_name or str(engine.model_name)
     metrics = ServerMetrics(engine)
     app = FastAPI(title="tandem", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.ctx = ServerContext(
-        engine=engine, model_name=name, aliases=frozenset(aliases), metrics=metrics
+        engine=engine, model_name=name, aliases=frozenset(aliases), metrics=metrics,
+        defaults=defaults,
     )
     install_error_handlers(app)
     app.include_router(routes_chat.router)
@@ -78,5 +88,7 @@ def create_app(
             allow_headers=["*"],
             allow_credentials="*" not in origins,
         )
+    app.add_middleware(RequestLimitsMiddleware, max_body_bytes=max_body_bytes,
+                       timeout_s=body_timeout_s)
     app.add_middleware(_CountResponses, metrics=metrics)
     return app

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 
 from app.server.errors import APIError
 from app.server.metrics import ServerMetrics
+from models.registry import GenerationDefaults
 
 
 @dataclass
@@ -18,14 +19,29 @@ class ServerContext:
 
     `engine` is an `AsyncEngine` (or anything with its API); `model_name` is the id
     `/v1/models` lists; `aliases` are further names a request's `model` may use (the registry
-    name, the file name and stem).
+    name, the file name and stem); `defaults` the model's recommended sampling settings
+    (None: OpenAI's defaults), used for every field a request leaves out.
     """
 
     engine: Any
     model_name: str
     aliases: frozenset[str] = frozenset()
     metrics: ServerMetrics | None = None
+    defaults: GenerationDefaults | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    open_streams: set[Any] = field(default_factory=set)  # engine streams of open responses
+    stopping: bool = False
+
+    def end_streams(self) -> int:
+        """The server is stopping and its grace period is over: cancel every open engine
+        stream, so each streamed response ends with a `server_shutting_down` error event and
+        `[DONE]`, and each collected one answers 503 (`app.server.responses`). Returns how
+        many streams were open."""
+        self.stopping = True
+        streams = list(self.open_streams)
+        for s in streams:
+            s.cancel()
+        return len(streams)
 
     def resolve_model(self, requested: str | None) -> str:
         """The name to answer with for a request's `model` field.

@@ -3,10 +3,14 @@
 Every failure the server reports goes through here, so clients (the official `openai`
 package, which retries on 5xx) see 400 for their own mistakes — including FastAPI's request
 validation, which would otherwise answer 422 `{"detail": ...}` — and 5xx only for ours.
+A body that is not UTF-8 is a 400 saying so; one over the size limit a 413 and one sent too
+slowly a 408 (`app.server.limits`), both closing the connection. Error bodies are written
+with ASCII escapes, so no text a client sent can make the error itself fail to encode.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -15,10 +19,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.server.schemas import UNICODE_ERROR
+
 log = logging.getLogger("tandem.server")
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
+
+
+class ErrorResponse(JSONResponse):
+    """A JSON error response with non-ASCII escaped (`\\uXXXX`): always encodable."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def error_body(
@@ -52,7 +65,7 @@ class APIError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        return ErrorResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -77,6 +90,12 @@ def overloaded(detail: str = "") -> APIError:
     if detail:
         message = f"{message} ({detail})"
     return APIError(503, message, SERVER_ERROR, None, "overloaded", headers={"Retry-After": "1"})
+
+
+def shutting_down() -> APIError:
+    """503: the server stopped (Ctrl+C, SIGTERM) before this request finished."""
+    return APIError(503, "The server is shutting down; the reply was cut short.", SERVER_ERROR,
+                    None, "server_shutting_down")
 
 
 def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
@@ -108,6 +127,9 @@ def validation_error(errors: list[dict[str, Any]], content_type: str = "") -> AP
     loc = tuple(first.get("loc", ()))
     if loc and loc[0] == "body":
         loc = loc[1:]
+    if first.get("type") == UNICODE_ERROR:  # the path inside the field is in ctx
+        param = (_loc_to_param(loc) or "") + first.get("ctx", {}).get("where", "")
+        return bad_request(f"Invalid value for '{param}': {first.get('msg')}.", param=param)
     if not loc:  # the body as a whole is missing or not an object
         if content_type and "json" not in content_type.lower():
             return bad_request("The request body must be a JSON object sent with 'Content-Type: "
@@ -145,19 +167,23 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    headers = dict(exc.headers or {})
     if exc.status_code == 404:
         message = f"Invalid URL ({request.method} {request.url.path})"
     elif exc.status_code == 405:
         message = f"Method {request.method} not allowed on {request.url.path}"
+    elif exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
+        message = f"The request body is not valid UTF-8 ({exc.__cause__})."
     else:
         message = str(exc.detail)
     kind = INVALID_REQUEST if exc.status_code < 500 else SERVER_ERROR
-    return JSONResponse(error_body(message, kind), status_code=exc.status_code, headers=exc.headers)
+    return ErrorResponse(error_body(message, kind), status_code=exc.status_code,
+                         headers=headers or None)
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return JSONResponse(
+    return ErrorResponse(
         error_body(f"Internal server error: {type(exc).__name__}: {exc}", SERVER_ERROR),
         status_code=500,
     )

@@ -32,8 +32,12 @@ from app.server.errors import (
 )
 from app.server.metrics import ServerMetrics
 from app.server.schemas import SamplingFields
+from models.registry import GenerationDefaults
 
 T = TypeVar("T")
+
+# What a request gets when the served model has no recommended settings (OpenAI's defaults).
+OPENAI_DEFAULTS = GenerationDefaults(1.0, source="OpenAI's defaults")
 
 
 @dataclass
@@ -141,6 +145,25 @@ def check_prompt(prompt_ids: list[int], context_length: int, n_vocab: int, param
             )
 
 
+def _or(value: T | None, default: T) -> T:
+    return default if value is None else value
+
+
+def logit_bias(req: SamplingFields, vocab: int) -> dict[int, float] | None:
+    """The request's `logit_bias` as {token id: bias}; None when absent or empty.
+
+    Raises APIError 400 (param "logit_bias") for an id outside ``[0, vocab)`` (when the
+    engine reports its vocabulary size `vocab` > 0)."""
+    if not req.logit_bias:
+        return None
+    for token in req.logit_bias:
+        if token < 0 or (vocab > 0 and token >= vocab):
+            raise bad_request(
+                f"Invalid key in 'logit_bias': token id {token} is out of the vocabulary "
+                f"[0, {vocab}).", param="logit_bias")
+    return dict(req.logit_bias)
+
+
 def sampling_params(
     req: SamplingFields,
     *,
@@ -150,28 +173,37 @@ def sampling_params(
     seed: int | None,
     logprobs: int | None,
     prediction: list[int] | None = None,
+    defaults: GenerationDefaults | None = None,
+    vocab: int = 0,
 ) -> SamplingParams:
     """Engine `SamplingParams` for one choice.
 
     `max_tokens` is capped to the room left in the context (`None` = until EOS, a stop
-    string or the context limit). OpenAI defaults: temperature 1, top_p 1. `prediction`:
-    the predicted output's token ids (see `app.server.prediction`), shared by every choice;
-    `req.speculative` false (not null) opts out of speculative decoding. Raises APIError 400
+    string or the context limit). Each of temperature, top_p, top_k, min_p and
+    repetition_penalty the request leaves out (or sends as null) comes from `defaults`, the
+    served model's recommended settings (as vLLM takes a model's generation_config); without
+    them OpenAI's defaults apply: temperature 1, top_p 1, no top-k/min-p/repetition penalty.
+    `prediction`: the predicted output's token ids (see `app.server.prediction`), shared by
+    every choice; `req.speculative` false (not null) opts out of speculative decoding.
+    `vocab` (the vocabulary size, 0 = unknown) bounds `logit_bias` ids. Raises APIError 400
     when the engine rejects a value.
     """
     room = context_length - prompt_len
     if max_tokens is not None:
         max_tokens = max(1, min(max_tokens, room))
+    base = defaults or OPENAI_DEFAULTS
+    bias = logit_bias(req, vocab)
     try:
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=max(req.top_k or 0, 0),
-            min_p=req.min_p or 0.0,
+            temperature=_or(req.temperature, base.temperature),
+            top_p=_or(req.top_p, base.top_p),
+            top_k=max(_or(req.top_k, base.top_k), 0),
+            min_p=_or(req.min_p, base.min_p),
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            repetition_penalty=_or(req.repetition_penalty, base.repetition_penalty),
+            logit_bias=bias,
             seed=seed,
             stop=req.stop_list(),
             ignore_eos=bool(req.ignore_eos),

@@ -23,7 +23,7 @@ from starlette.background import BackgroundTask
 
 from app.engine.types import RequestOutput
 from app.server.context import ServerContext
-from app.server.errors import APIError
+from app.server.errors import APIError, shutting_down
 from app.server.generation import (
     ChoiceState,
     ClientDisconnected,
@@ -90,12 +90,16 @@ async def respond(
             events, media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             background=BackgroundTask(cancel_all, streams))
+    ctx.open_streams.update(streams)
     try:
         states = await until_disconnect(request, collect(streams, jobs, ctx.metrics))
     except ClientDisconnected:
         return Response(status_code=499)
     finally:
+        ctx.open_streams.difference_update(streams)
         cancel_all(streams)
+    if ctx.stopping and any(s.finish_reason == "abort" for s in states):
+        return shutting_down().response()
     return JSONResponse(make_body(states))
 
 
@@ -123,12 +127,15 @@ async def stream_chunks(
 
     states = [ChoiceState(job) for job in jobs]
     outputs = merge_outputs(streams, ctx.metrics)
+    ctx.open_streams.update(streams)  # `ctx.end_streams` ends them when the server stops
     try:
         for pos, job in enumerate(jobs):
             choice = opening(pos, job)
             if choice is not None:
                 yield chunk(choice)
         async for pos, out in outputs:
+            if ctx.stopping and out.finished and out.finish_reason == "abort":
+                raise shutting_down()
             state = states[pos]
             state.add(out)
             choice = content(pos, state, out)
@@ -139,8 +146,10 @@ async def stream_chunks(
         if include_usage:
             yield sse({**base, "choices": [], "usage": usage(states)})
     except Exception as exc:
-        log.exception("stream %s failed", base.get("id"))
+        if not ctx.stopping:
+            log.exception("stream %s failed", base.get("id"))
         yield stream_error(exc)
     finally:
+        ctx.open_streams.difference_update(streams)
         await outputs.aclose()
     yield SSE_DONE

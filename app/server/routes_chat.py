@@ -41,6 +41,7 @@ from app.server.responses import (
     stream_chunks,
 )
 from app.server.schemas import ChatCompletionRequest, ChatMessage
+from models.chat_template import TemplateRaised
 
 router = APIRouter()
 
@@ -53,13 +54,22 @@ def _message_text(msg: ChatMessage, i: int) -> str:
         return ""
     if isinstance(content, str):
         return content
+    if not content:  # OpenAI's wording and code for an empty parts array
+        raise bad_request(
+            f"Invalid 'messages[{i}].content': empty array. Expected an array with minimum "
+            "length 1, but got an empty array instead.",
+            param=f"messages[{i}].content", code="empty_array",
+        )
     texts = []
     for j, part in enumerate(content):
-        if part.type != "text" or part.text is None:
+        if part.type != "text":
             raise bad_request(
                 f"Content part type '{part.type}' is not supported; this model takes text only.",
                 param=f"messages[{i}].content[{j}].type",
             )
+        if part.text is None:
+            where = f"messages[{i}].content[{j}].text"
+            raise bad_request(f"Missing required parameter: '{where}'.", param=where)
         texts.append(part.text)
     return "\n".join(texts)
 
@@ -67,7 +77,8 @@ def _message_text(msg: ChatMessage, i: int) -> str:
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     """Request messages as the chat template takes them: `[{"role", "content": str}]`.
 
-    Raises APIError 400 for non-text content parts.
+    Raises APIError 400 for an empty parts array (code `empty_array`), a text part without
+    `text`, and non-text content parts.
     """
     return [
         {"role": ROLE_ALIASES.get(m.role, m.role), "content": _message_text(m, i)}
@@ -76,9 +87,16 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
 
 
 def render_prompt(engine: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of the templated conversation; 400 if the template rejects it."""
+    """Token ids of the templated conversation.
+
+    Raises APIError 400 (param "messages") if the template rejects them: when the template
+    called `raise_exception(message)` (e.g. roles out of the order the model was trained on)
+    the 400's message is exactly that message, as vLLM and transformers report it.
+    """
     try:
         return list(chat_prompt_ids(engine.tokenizer, messages))
+    except TemplateRaised as exc:
+        raise bad_request(exc.message, "messages") from exc
     except (jinja2.TemplateError, ValueError, TypeError, KeyError) as exc:
         raise bad_request(f"The chat template rejected the messages: {exc}", "messages") from exc
 
@@ -106,6 +124,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
                 seed=choice_seed(body.seed, i),
                 logprobs=top,
                 prediction=prediction,
+                defaults=ctx.defaults,
+                vocab=n_vocab(ctx.engine),
             ),
         )
         for i in range(body.n or 1)

@@ -106,6 +106,8 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx) -> Re
                 seed=choice_seed(body.seed, index),
                 logprobs=body.logprobs,
                 prediction=prediction,
+                defaults=ctx.defaults,
+                vocab=n_vocab(ctx.engine),
             )
             jobs.append(Job(index=index, prompt_index=pi, prompt_ids=p.ids, params=params))
     echoes = [_Echo(ctx.engine, p) for p in prompts] if body.echo else None

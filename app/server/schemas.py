@@ -7,21 +7,75 @@ follow OpenAI's documented limits where a local server has no reason to differ; 
 
 Extensions beyond OpenAI, as llama-server and vLLM accept them: `top_k`, `min_p`,
 `repetition_penalty`, `ignore_eos`. tandem's own: `speculative` (see `SamplingFields`).
+
+What a client's mistake gets (each a 400 `invalid_request_error` naming the field):
+- text that is not well-formed Unicode: a JSON `\\ud800`-style escape of half a UTF-16
+  surrogate pair, in any string of any field, at any depth (invalid UTF-8 bytes in the body
+  are refused before parsing, see `app.server.errors`);
+- numbers a field cannot hold: integers outside 64 bits (`seed` is an int64, as in vLLM),
+  NaN or infinity in any float field, values outside the documented ranges below.
+Documented clamps instead of errors: `max_tokens` / `max_completion_tokens` larger than the
+room left in the context window are cut to that room (the reply then ends with
+`finish_reason: "length"`, as llama-server does); `top_k` at or above the vocabulary size,
+or <= 0, disables top-k.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 MAX_STOP_STRINGS = 4
 MAX_N = 64
 MAX_TOP_LOGPROBS = 20
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100..100
+
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+TokenCount = Annotated[int, Field(ge=1, le=INT64_MAX)]
+
+UNICODE_ERROR = "unicode_surrogate"  # pydantic error type; `ctx["where"]`: path in the field
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: Any) -> tuple[str, str, int] | None:
+    """The first string in `value` (nested lists and dicts, keys included) holding a UTF-16
+    surrogate code point: (path below `value` like "[0].text", the code point escaped as
+    `\\udXXX`, its index in the string)."""
+    if isinstance(value, str):
+        m = _SURROGATE.search(value)
+        return None if m is None else ("", f"\\u{ord(m.group()):04x}", m.start())
+    items = (enumerate(value) if isinstance(value, list)
+             else value.items() if isinstance(value, dict) else ())
+    for key, item in items:
+        found = _lone_surrogate(key) if isinstance(key, str) else None
+        found = found or _lone_surrogate(item)
+        if found:
+            step = f"[{key}]" if isinstance(key, int) else "." + ascii(key)[1:-1]
+            return (step + found[0], found[1], found[2])
+    return None
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _well_formed_unicode(cls, value: Any) -> Any:
+        """Refuse any string, at any depth, with a lone surrogate: it cannot be encoded as
+        UTF-8, so no tokenizer can take it (Python's json accepts `\\ud800` escapes)."""
+        if isinstance(value, (str, list, dict)) and (found := _lone_surrogate(value)):
+            where, char, index = found
+            raise PydanticCustomError(
+                UNICODE_ERROR,
+                "the text is not well-formed Unicode: it holds the lone surrogate {char} at "
+                "index {index} (half of a UTF-16 pair; send valid UTF-8)",
+                {"where": where, "char": char, "index": index},
+            )
+        return value
 
 
 class StreamOptions(_Body):
@@ -56,20 +110,25 @@ class SamplingFields(_Body):
     `speculative` (tandem extension, default true; null = default): false opts this request
     out of speculative decoding (no drafts, neither from `prediction` nor n-gram lookup),
     e.g. to measure plain decoding. The reply is the same either way.
+
+    `logit_bias` is OpenAI's: {token id (a JSON object key): bias in [-100, 100]}, added to
+    the token's logit before sampling, for this request only; ids outside the vocabulary
+    are a 400 (checked by `app.server.generation.sampling_params`).
     """
 
     model: str | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None  # OpenAI's range
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: int | None = None  # <= 0 disables, as in llama.cpp and vLLM (-1)
+    top_k: Int64 | None = None  # <= 0 disables, as in llama.cpp and vLLM (-1)
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     stop: str | list[str] | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: TokenCount | None = None
+    logit_bias: dict[int, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -100,7 +159,7 @@ class ChatCompletionRequest(SamplingFields):
     """Body of `POST /v1/chat/completions`."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
@@ -111,5 +170,5 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool | None = None
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    best_of: Annotated[int, Field(ge=1)] | None = None
+    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
     suffix: str | None = None

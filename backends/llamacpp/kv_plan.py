@@ -7,7 +7,12 @@ Two layouts of one `llama_context` holding `max_seqs` sequences:
   contexts). Costs `max_seqs * seq_tokens` cells up front; sharing a prefix copies it.
 - "unified" (`kv_unified=true`): one pool of cells; a shared prefix is one set of cells
   tagged with several sequences (no copy), but every token attends (masked) over the cells
-  of all sequences. Used when the split layout would not fit the KV memory budget.
+  of all sequences, in an order that depends on where llama.cpp placed them: output can
+  vary with batch composition and cache history. Only on request.
+
+"auto" is split, with as many sequences as the KV memory budget (`kv_budget_bytes`, a
+share of the machine's memory) holds: greedy and seeded output then do not depend on what
+else the engine is doing.
 """
 
 from __future__ import annotations
@@ -17,8 +22,15 @@ from dataclasses import dataclass
 from backends.base import shared_pool_tokens
 
 LAYOUTS = ("split", "unified", "auto")
-SPLIT_KV_BYTES = 2 << 30  # "auto" layout budget: 2 GiB of KV (f16) for the split streams
 MAX_SEQS = 255  # llama.cpp allows 256 sequence ids; unified keeps one as the restore scratch
+# "auto": the split streams may take this share of physical memory, at least the floor
+KV_BUDGET_SHARE = 1 / 8
+KV_BUDGET_FLOOR = 512 << 20
+
+
+def kv_budget_bytes(physical_memory: int) -> int:
+    """KV memory the "auto" layout may allocate on a machine with `physical_memory` bytes."""
+    return max(int(physical_memory * KV_BUDGET_SHARE), KV_BUDGET_FLOOR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +40,8 @@ class KvPlan:
     layout: "split" | "unified". n_ctx: llama.cpp KV cells (tokens). n_seq_max: llama.cpp
     sequence ids. num_blocks: engine blocks the pool accounts for. max_seq_tokens: most
     tokens one sequence holds. scratch_seq: the sequence id restores go through (unified),
-    else None.
+    else None. max_seqs: sequence slots the engine may use (fewer than asked when "auto"
+    had to fit the budget).
     """
 
     layout: str
@@ -37,6 +50,7 @@ class KvPlan:
     num_blocks: int
     max_seq_tokens: int
     scratch_seq: int | None
+    max_seqs: int = 0
 
 
 def check_args(max_seqs: int, kv_layout: str) -> None:
@@ -49,30 +63,31 @@ def check_args(max_seqs: int, kv_layout: str) -> None:
 
 def plan_kv(*, max_seqs: int, seq_tokens: int, kv_tokens: int | None, kv_layout: str,
             block_size: int, max_batch_tokens: int, n_ctx_train: int, kv_bytes_per_token: int,
-            split_kv_bytes: int = SPLIT_KV_BYTES) -> KvPlan:
+            split_kv_bytes: int) -> KvPlan:
     """Size the context for `max_seqs` sequences of up to `seq_tokens` tokens each.
 
     seq_tokens is capped by `n_ctx_train` and rounded up to 256 (llama.cpp pads streams so).
-    kv_layout "auto" picks split if `max_seqs * seq_tokens` cells of `kv_bytes_per_token`
-    bytes fit `split_kv_bytes`. kv_tokens: tokens the engine's block pool accounts for
-    (default: split `max_seqs * seq_tokens`, unified `shared_pool_tokens(seq_tokens)`).
-    The arguments are assumed valid (see `check_args`).
+    kv_layout "auto" is split with as many of the `max_seqs` sequences (at least one) as
+    fit `split_kv_bytes` of KV at `kv_bytes_per_token` bytes per cell. kv_tokens: tokens the
+    engine's block pool accounts for (default: split `max_seqs * seq_tokens`, unified
+    `shared_pool_tokens(seq_tokens)`). The arguments are assumed valid (see `check_args`).
     """
     seq_tokens = -(-min(seq_tokens, n_ctx_train) // 256) * 256
     if kv_layout == "auto":
-        fits = max_seqs * seq_tokens * kv_bytes_per_token <= split_kv_bytes
-        kv_layout = "split" if fits else "unified"
+        kv_layout = "split"
+        max_seqs = max(1, min(max_seqs, split_kv_bytes // (seq_tokens * kv_bytes_per_token)))
     if kv_layout == "split":
         # one stream per sequence; cached prefixes live in host memory, so no spare
         # sequence ids: the block pool only bounds how much of them is kept
         return KvPlan("split", n_ctx=max_seqs * seq_tokens, n_seq_max=max_seqs,
                       num_blocks=(kv_tokens or max_seqs * seq_tokens) // block_size,
-                      max_seq_tokens=seq_tokens, scratch_seq=None)
+                      max_seq_tokens=seq_tokens, scratch_seq=None, max_seqs=max_seqs)
     num_blocks = max(1, (kv_tokens or shared_pool_tokens(seq_tokens)) // block_size)
     # slack beyond the accounted blocks: llama.cpp places a ubatch in free cells itself
     return KvPlan("unified", n_ctx=num_blocks * block_size + max_batch_tokens,
                   n_seq_max=max_seqs + 1, num_blocks=num_blocks,
-                  max_seq_tokens=num_blocks * block_size, scratch_seq=max_seqs)
+                  max_seq_tokens=num_blocks * block_size, scratch_seq=max_seqs,
+                  max_seqs=max_seqs)
 
 
 def context_error(plan: KvPlan, model: str, kv_bytes_per_token: int) -> str:

@@ -8,21 +8,23 @@ together in one `llama_decode`. The pieces: `runtime` (process init, model load 
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import llama_cpp as L
 import numpy as np
 
-from backends.base import BatchItem, RunnerCapabilities
+from backends.base import BatchItem, LayerKV, RunnerCapabilities
+from backends.llamacpp import kv_transfer as kvt
 from backends.llamacpp import runtime
 from backends.llamacpp.batch import TokenBatch
-from backends.llamacpp.kv_plan import SPLIT_KV_BYTES, check_args, context_error, plan_kv
+from backends.llamacpp.kv_plan import check_args, context_error, kv_budget_bytes, plan_kv
 from backends.llamacpp.memory import ContextMemory
 from backends.llamacpp.residency import PrefixResidency, SplitResidency, UnifiedResidency
 from backends.llamacpp.runtime import default_threads
 from backends.llamacpp.tokenizer import LlamaCppTokenizer
 
-__all__ = ["BLOCK_SIZE", "SPLIT_KV_BYTES", "LlamaCppRunner", "default_threads"]
+__all__ = ["BLOCK_SIZE", "LlamaCppRunner", "default_threads"]
 
 _FLASH_ATTN = {
     "auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO,
@@ -47,9 +49,10 @@ class LlamaCppRunner:
             `max_seqs * seq_tokens`, less only to bound the host memory kept for prefixes).
         seq_tokens: most tokens one sequence holds; in the split layout the size of each
             slot's stream (rounded up to 256, capped by the model's training context).
-        kv_layout: "split" | "unified" | "auto" (split if `max_seqs * seq_tokens` cells fit
-            `split_kv_bytes`, else unified).
-        split_kv_bytes: KV memory budget of the split layout for "auto", bytes.
+        kv_layout: "split" | "unified" | "auto" (split, with as many of `max_seqs` slots as
+            fit `split_kv_bytes`: `max_seqs` may come out smaller).
+        split_kv_bytes: KV memory budget of "auto", bytes (default: `kv_budget_bytes` of
+            this machine's memory).
         block_size: tokens per engine block (see BLOCK_SIZE).
         max_batch_tokens: most tokens one `execute` may carry (`n_batch`).
         n_threads: llama.cpp worker threads (default: CPUs available).
@@ -60,7 +63,9 @@ class LlamaCppRunner:
 
     # truncate removes the positions from the slot's cells (`seq_rm`), so recomputing them
     # gives the logits of the first computation (tests/integration/test_llamacpp_truncate.py)
-    capabilities = RunnerCapabilities(exact_truncate=True, kv_transfer=False)
+    capabilities = RunnerCapabilities(exact_truncate=True, kv_transfer=True)
+    # whether llama.cpp saves V transposed in this context (learnt on first import)
+    _kv_v_trans: bool | None = None
 
     def __init__(
         self,
@@ -70,7 +75,7 @@ class LlamaCppRunner:
         kv_tokens: int | None = None,
         seq_tokens: int = 4096,
         kv_layout: str = "auto",
-        split_kv_bytes: int = SPLIT_KV_BYTES,
+        split_kv_bytes: int | None = None,
         block_size: int = BLOCK_SIZE,
         max_batch_tokens: int = 512,
         n_threads: int | None = None,
@@ -88,14 +93,20 @@ class LlamaCppRunner:
         self.max_batch_tokens = max_batch_tokens
         self.n_threads = n_threads or default_threads()
         kv_bytes = runtime.kv_bytes_per_token(self._model)
+        if split_kv_bytes is None:
+            split_kv_bytes = kv_budget_bytes(runtime.physical_memory_bytes())
+        self.kv_budget_bytes = split_kv_bytes
         plan = plan_kv(max_seqs=max_seqs, seq_tokens=seq_tokens, kv_tokens=kv_tokens,
                        kv_layout=kv_layout, block_size=block_size,
                        max_batch_tokens=max_batch_tokens,
                        n_ctx_train=L.llama_model_n_ctx_train(self._model),
                        kv_bytes_per_token=kv_bytes, split_kv_bytes=split_kv_bytes)
         self.kv_layout = plan.layout
+        self.max_seqs = plan.max_seqs
+        self.kv_bytes = plan.n_ctx * kv_bytes  # KV allocated, bytes
         # split: llama.cpp micro-batches sequences of unequal lengths apart (split_equal)
-        self.capabilities = RunnerCapabilities(exact_truncate=True, kv_transfer=False,
+        # kv_transfer: export_kv/import_kv below (tests/integration/test_llamacpp_kv_transfer.py)
+        self.capabilities = RunnerCapabilities(exact_truncate=True, kv_transfer=True,
                                                equal_split=plan.layout == "split")
         self.num_blocks = plan.num_blocks
         self.max_seq_tokens = plan.max_seq_tokens
@@ -145,6 +156,93 @@ class LlamaCppRunner:
 
     def truncate(self, slot: int, n_tokens: int) -> None:
         self.residency.truncate(slot, n_tokens)
+
+    # -- KV transfer (two-box mode): llama.cpp state blobs <-> neutral layout (kv_transfer) --
+
+    def _kv_facts(self) -> tuple[bool, int]:
+        """(K stored interleaved per head, rotary dims per head). Raises ValueError for rope
+        types without a neutral layout."""
+        interleaved = kvt.rope_interleaved(L.llama_model_rope_type(self._model))
+        n_rot = runtime.meta(self._model, f"{self.info.architecture}.rope.dimension_count")
+        return interleaved, int(n_rot) if n_rot else self.info.head_dim
+
+    def _check_cover(self, block_table: list[int], start: int, n: int) -> None:
+        if start < 0 or n < 0 or len(block_table) * self.block_size < start + n:
+            raise ValueError(f"block table of {len(block_table)} blocks does not cover "
+                             f"positions {start}..{start + n - 1}")
+
+    def export_kv(self, slot: int, block_table: list[int], start: int, n: int
+                  ) -> list[LayerKV]:
+        """K/V of positions `start .. start+n-1` of `slot`: per layer (K, V), each
+        `[n, kv_heads, head_dim]` float16, K post-RoPE in the rotate-half convention.
+
+        Copies the slot's whole state out of llama.cpp (`llama_state_seq_get_data`), then
+        the range. Raises ValueError if `block_table` or the slot's KV does not cover the
+        range, or the KV is not f16; RuntimeError if llama.cpp cannot save it."""
+        self._check_cover(block_table, start, n)
+        interleaved, n_rot = self._kv_facts()
+        blob = ContextMemory(self._ctx).state_get(slot)
+        state = kvt.parse_state(blob, self.info.n_kv_heads, self.info.head_dim)
+        return kvt.to_neutral(state, start, n, interleaved, n_rot)
+
+    def import_kv(self, slot: int, block_table: list[int], start: int,
+                  kv: list[LayerKV]) -> None:
+        """Write neutral per-layer K/V `[n, kv_heads, head_dim]` float16 into positions
+        `start .. start+n-1` of `slot`, which must hold exactly positions `0 .. start-1`.
+
+        Split layout: the slot's state is reloaded whole (its old cells + the new ones),
+        because llama.cpp's load clears its destination first. Unified: the new cells are
+        loaded into the scratch sequence and tagged into the slot (no copy of the prefix).
+        The slot then holds `block_table`'s blocks up to `start+n` (as after `execute`).
+        Raises ValueError on a layer count, shape or coverage mismatch; RuntimeError if
+        llama.cpp refuses the state."""
+        if len(kv) != self.info.n_layers:
+            raise ValueError(f"expected {self.info.n_layers} layers, got {len(kv)}")
+        n = kv[0][0].shape[0]
+        want = (n, self.info.n_kv_heads, self.info.head_dim)
+        if any(k.shape != want or v.shape != want for k, v in kv):
+            raise ValueError(f"K and V must be {want} per layer")
+        self._check_cover(block_table, start, n)
+        mem = L.llama_get_memory(self._ctx)
+        if L.llama_memory_seq_pos_max(mem, slot) != start - 1 or (
+                start and L.llama_memory_seq_pos_min(mem, slot) != 0):
+            raise ValueError(f"slot {slot} must hold exactly positions 0..{start - 1}")
+        interleaved, n_rot = self._kv_facts()
+        memory = ContextMemory(self._ctx)
+        if self.kv_layout == "split":
+            head = kvt.parse_state(memory.state_get(slot), self.info.n_kv_heads,
+                                   self.info.head_dim)
+            if head.stream is not None:
+                self._kv_v_trans = head.v_trans
+            # the slot's own (possibly empty) state says how many streams the context has
+            tail = kvt.from_neutral(kv, start, seq_id=slot, n_stream=head.n_stream,
+                                    stream=slot, v_trans=bool(self._kv_v_trans),
+                                    interleaved=interleaved, n_rot=n_rot)
+            self._load_state(slot, kvt.concat_states(head, tail))
+        else:
+            scratch = self.residency.scratch
+            tail = kvt.from_neutral(kv, start, seq_id=scratch, n_stream=1, stream=0,
+                                    v_trans=bool(self._kv_v_trans),
+                                    interleaved=interleaved, n_rot=n_rot)
+            self._load_state(scratch, tail)
+            memory.seq_cp(scratch, slot, -1, -1)
+            memory.seq_rm(scratch, -1, -1)
+        self.residency.before_compute()  # a copy of the slot taken this step is stale
+        self.residency.note_computed(slot, block_table, start + n)
+
+    def _load_state(self, seq: int, state: kvt.SeqState) -> None:
+        # llama.cpp refuses a blob whose v_trans differs from the context's, and does not
+        # say how "auto" flash attention resolved (on: V untransposed): until a load has
+        # succeeded, try both. A refused load only cleared `seq`, which is rewritten whole.
+        tries = [self._kv_v_trans] if self._kv_v_trans is not None else [False, True]
+        for v_trans in tries:
+            state.v_trans = v_trans
+            blob = kvt.build_state(state)
+            if L.llama_state_seq_set_data(self._ctx, (ctypes.c_uint8 * len(blob)).from_buffer(
+                    blob), len(blob), seq) == len(blob):
+                self._kv_v_trans = v_trans
+                return
+        raise RuntimeError("llama.cpp refused the imported KV state")
 
     @property
     def saved_bytes(self) -> int:

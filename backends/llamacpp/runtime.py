@@ -33,6 +33,14 @@ def init_backend(verbose: bool = False) -> None:
         _backend_ready = True
 
 
+def physical_memory_bytes() -> int:
+    """Physical memory of this machine in bytes (POSIX sysconf); 8 GiB where unknown."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
 def default_threads() -> int:
     """Worker threads for llama.cpp: the CPUs this process may run on."""
     try:

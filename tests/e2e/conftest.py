@@ -104,7 +104,7 @@ def _start_subprocess(api_key: str | None, *extra: str) -> Iterator[Server]:
 
 def fake_engine(
     context_length: int = CTX_SIZE, max_seqs: int = 32, max_waiting: int = 64,
-    step_s: float = 0.003,
+    step_s: float = 0.003, tokenizer: object = None,
 ) -> tuple[AsyncEngine, ScriptedRunner]:
     """The real engine over a scripted runner; `step_s` is the simulated time per step.
 
@@ -113,7 +113,8 @@ def fake_engine(
     distribution: about half its tokens leave the script."""
     runner = ScriptedRunner(default=scripted_reply, step_s=step_s, margin=2.0,
                             max_seqs=max_seqs, num_blocks=1024, block_size=16,
-                            n_ctx=context_length, name="fake-model")
+                            n_ctx=context_length, name="fake-model",
+                            tokenizer=tokenizer)  # type: ignore[arg-type]
     config = EngineConfig(
         context_length=context_length,
         scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=512,
@@ -130,6 +131,7 @@ def _start_inprocess(
     import uvicorn
 
     from app.server.app import create_app
+    from app.server.limits import uvicorn_options
 
     engine, runner = fake_engine(**engine_kw)  # type: ignore[arg-type]
     if fail_after is not None:
@@ -137,7 +139,8 @@ def _start_inprocess(
     app = create_app(engine, api_key=api_key, aliases=["fake-model.gguf"], cors_origins=cors)
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                       **uvicorn_options())
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

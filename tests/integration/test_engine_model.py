@@ -70,7 +70,8 @@ def test_tandem_run_cli_matches_llama_cpp_python(embedded_model_path, reference_
     tandem = Path(sys.executable).with_name("tandem")
     proc = subprocess.run(
         [str(tandem), "run", "--raw", PROMPTS[0], "--model", embedded_model_path,
-         "--temperature", "0", "--max-tokens", "64", "--threads", "2"],
+         "--temperature", "0", "--repetition-penalty", "1", "--max-tokens", "64",
+         "--threads", "2"],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -78,7 +79,7 @@ def test_tandem_run_cli_matches_llama_cpp_python(embedded_model_path, reference_
     ref_tokens = reference_greedy(reference_llama, prompt, 64)
     expected = reference_llama.detokenize(ref_tokens).decode("utf-8", errors="replace")
     assert proc.stdout == expected + "\n"
-    assert "TTFT" in proc.stderr and "64 generated tokens (length)" in proc.stderr
+    assert "TTFT" in proc.stderr and "64 generated tokens (max tokens)" in proc.stderr
 
 
 async def test_batched_equals_alone(engine):

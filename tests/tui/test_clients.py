@@ -110,6 +110,9 @@ def test_status_line_and_helpers():
     assert line == (
         "● llamacpp · smol │ TTFT 42 ms │ 118.0 tok/s │ ctx 812/8192 │ cached 768 │ KV 52/512"
     )
+    spec = StatusInfo("llamacpp", "smol", "ready", spec=(45, 60))
+    assert format_status(spec).endswith(" │ drafts 45/60 accepted")
+    assert "drafts" not in format_status(StatusInfo(spec=(0, 0)))
     assert last_code_block("a\n```py\nx = 1\n```\nb\n~~~\ny\n~~~\n") == "y\n"
     assert last_code_block("no code") is None
     assert title_from("a very long first message that goes on and on forever", 20) == "a very long first…"

@@ -54,11 +54,20 @@ def test_two_byte_character_split():
     assert push_all(d, [14, 15]) == ["", "é"]
 
 
-def test_incomplete_utf8_at_end_is_replacement_char_on_flush():
+def test_incomplete_utf8_at_end_is_dropped_on_flush():
+    # Generation cut inside the emoji (e.g. by max_tokens): its first bytes never show.
     d = make()
     assert push_all(d, [3, 0, 1]) == ["Hello", "", ""]
-    assert d.flush() == "\ufffd"
-    assert d.text == "Hello\ufffd"
+    assert d.flush() == ""
+    assert d.text == "Hello"
+
+
+def test_incomplete_tail_is_dropped_but_held_stop_prefix_is_released():
+    # "</" is held back as a possible stop string; the lone lead byte after it is dropped.
+    d = make(stop=["</end>"])
+    assert push_all(d, [3, 5, 14]) == ["Hello", "", ""]
+    assert d.flush() == "</"
+    assert d.text == "Hello</"
 
 
 def test_invalid_byte_is_emitted_as_replacement_not_held():

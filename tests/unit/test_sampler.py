@@ -288,3 +288,34 @@ def test_shape_errors():
     bad = np.full((1, 4), -np.inf, dtype=np.float32)
     with pytest.raises(ValueError):
         sample(bad, [p], [[]], [[]], [make_rng(0)])
+
+
+def test_logit_bias_in_an_all_greedy_batch_stays_in_its_own_row():
+    # Two greedy rows with the same logits: only row 0 has a bias. The all-greedy fast
+    # path must not skip the bias, nor apply it to row 1.
+    logits = np.array([[3.0, 1.0, 0.0, 2.0]] * 3, dtype=np.float32)
+    biased = SamplingParams(temperature=0.0, logit_bias={2: 100.0})
+    banned = SamplingParams(temperature=0.0, logit_bias={0: -100.0})
+    plain = SamplingParams(temperature=0.0)
+    out = sample(logits, [biased, plain, banned], [[]] * 3, [[]] * 3, [make_rng(0)] * 3)
+    assert out.token_ids.tolist() == [2, 0, 3]
+    assert logits[0].tolist() == [3.0, 1.0, 0.0, 2.0]  # the input is untouched
+
+
+def test_logit_bias_is_added_before_penalties_and_in_sampled_rows():
+    row = np.array([2.0, 1.0, -1.0, 0.5], dtype=np.float32)
+    p = SamplingParams(temperature=1.0, logit_bias={1: 2.0, 2: -0.5}, repetition_penalty=2.0)
+    # bias: [2, 3, -1.5, 0.5]; repetition over the prompt's token 1 and 2: 3/2, -1.5*2
+    assert apply_penalties(row, p, [1, 2], []).tolist() == [2.0, 1.5, -3.0, 0.5]
+    forced = SamplingParams(temperature=1.0, logit_bias={3: 100.0})
+    assert set(draws(row, forced, 50)) == {3}
+
+
+def test_logit_bias_checks_ids_and_range():
+    with pytest.raises(ValueError, match="out of range for a vocabulary of 4"):
+        sample(np.zeros((1, 4), dtype=np.float32),
+               [SamplingParams(temperature=0.0, logit_bias={4: 1.0})], [[]], [[]], [make_rng(0)])
+    with pytest.raises(ValueError, match=r"logit_bias for token 3 must be in \[-100, 100\]"):
+        SamplingParams(logit_bias={3: 100.5})
+    with pytest.raises(ValueError, match="logit_bias token id -1 must be >= 0"):
+        SamplingParams(logit_bias={-1: 1.0})

@@ -74,6 +74,9 @@ def test_equal_split_costs_one_pass_per_distinct_count():
     assert step_seconds(c, [4, 1, 1, 1], equal_split=True) == 4.0 + 3.0
     assert step_seconds(c, [3, 3, 1, 1], equal_split=True) == 4.0 + 4.0
     assert step_seconds(c, [0, 2, 2], equal_split=True) == 4.0
+    # slots that are not consecutive are micro-batched apart (split_equal(sequential))
+    assert step_seconds(c, [1, 1], equal_split=True, slots=[1, 3]) == 1.0 + 1.0
+    assert step_seconds(c, [2, 1, 1], equal_split=True, slots=[0, 1, 3]) == 2.0 + 1.0 + 1.0
 
 
 def test_equal_split_drafts_for_everyone_or_no_one():

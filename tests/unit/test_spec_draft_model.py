@@ -9,6 +9,7 @@ from app.engine.engine import LLMEngine
 from app.engine.residency import MirroredResidency
 from app.engine.spec_decode.draft_model import DraftModelProposer, check_same_vocabulary
 from app.engine.spec_decode.speculator import Speculator
+from app.engine.types import SamplingParams
 from tests.fakes.runner import FakeRunner
 from tests.unit.helpers import greedy, make, run_all
 
@@ -97,3 +98,33 @@ def test_adaptive_controller_charges_the_draft_models_cost():
     assert allocate_drafts(flat, [1], 1, [[0.9] * 8], [8], draft_curve=flat,
                            is_draft=[True]) == [0]
     assert np.isfinite(costly[0])
+
+
+def test_unseeded_sampling_gets_sampled_drafts_verified_by_rejection_sampling():
+    # the fake models put e^20 more weight on their token than on any other, so at T = 1
+    # the target's p is one token; where the draft errs, q puts its weight elsewhere: the
+    # draft is rejected and the resample from max(0, p - q) is the target's token
+    target, draft, residency, eng = draft_engine()
+    params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    req = eng.add_request("a", [1, 2, 3], params)
+    verified = []
+    original = eng._verify_sampled_drafts
+
+    def spy(plan, logits, sampled):
+        verified.extend(len(s.request.spec_state.get("q", [])) for s in plan.scheduled)
+        original(plan, logits, sampled)
+
+    eng._verify_sampled_drafts = spy
+    assert run_all(eng)["a"] == list(range(4, 16))
+    assert sum(verified) > 0  # drafts came with their q
+    m = req.metrics
+    assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens) == (4, 12, 7)
+
+
+def test_seeded_requests_get_greedy_drafts():
+    target, draft, residency, eng = draft_engine()
+    req = eng.add_request("a", [1, 2, 3], SamplingParams(temperature=1.0, seed=5,
+                                                         max_tokens=12, ignore_eos=True))
+    eng.step()
+    eng.step()
+    assert "q" not in req.spec_state and req.metrics.num_draft_tokens == 3

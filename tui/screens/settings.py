@@ -8,6 +8,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
+from models.registry import generation_defaults
 from tui.chat_settings import ChatSettings
 
 # (field, label, kind): kind is how the Input text is parsed; "opt" fields may be empty.
@@ -16,6 +17,7 @@ FIELDS = [
     ("top_k", "Top-k (0 = off)", int),
     ("top_p", "Top-p", float),
     ("min_p", "Min-p (0 = off)", float),
+    ("repetition_penalty", "Repeat pen. (1=off)", float),
     ("max_tokens", "Max tokens", "opt_int"),
     ("seed", "Seed (empty=random)", "opt_int"),
 ]
@@ -73,7 +75,11 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                     value = getattr(self._settings, name)
                     yield Label(label)
                     yield Input("" if value is None else str(value), id=name, compact=True)
-            yield Static("Max tokens: empty = until the context is full.", id="hint")
+            model = self._settings.model or self._default_model
+            recommended = generation_defaults(model)
+            yield Static(f"Recommended for {model}: {recommended.describe()} "
+                         f"({recommended.source}).\nMax tokens: empty = until the context "
+                         "is full.", id="hint")
             yield Static("", id="error")
             with Horizontal():
                 yield Button("Cancel", id="cancel")

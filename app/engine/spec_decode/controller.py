@@ -98,20 +98,34 @@ class AcceptanceEstimate:
             self.reached[j] = self.reached[j] * self.decay + 1.0
 
 
-def step_seconds(curve: StepTimeCurve, counts: Sequence[int], equal_split: bool) -> float:
-    """Predicted time of a step computing `counts[i]` tokens for sequence i: t(total), or
-    for an equal-split runner one pass per distinct count, pass r taking the difference of
-    consecutive counts from every sequence with at least that many."""
-    live = sorted(c for c in counts if c > 0)
-    if not live:
-        return 0.0
+def step_seconds(curve: StepTimeCurve, counts: Sequence[int], equal_split: bool,
+                 slots: Sequence[int] | None = None) -> float:
+    """Predicted time of a step computing `counts[i]` tokens for the sequence in slot
+    `slots[i]` (default: slots 0, 1, 2, ...).
+
+    Without `equal_split`: t(total). With it, llama.cpp's `split_equal(sequential)` is
+    emulated: each micro-batch starts at the lowest slot with tokens left, takes the run of
+    consecutive slots after it that still have tokens, and computes the same number of
+    tokens (the run's smallest remainder) for each; the step costs t() of every micro-batch.
+    """
     if not equal_split:
-        return curve(sum(live))
-    total, done = 0.0, 0
-    for i, c in enumerate(live):
-        if c > done:
-            total += curve((len(live) - i) * (c - done))
-            done = c
+        return curve(max(sum(counts), 0)) if any(c > 0 for c in counts) else 0.0
+    slots = range(len(counts)) if slots is None else slots
+    left = {s: c for s, c in zip(slots, counts, strict=True) if c > 0}
+    total = 0.0
+    while left:
+        order = sorted(left)
+        run = [order[0]]
+        for slot in order[1:]:
+            if slot != run[-1] + 1:
+                break
+            run.append(slot)
+        n = min(left[slot] for slot in run)
+        total += curve(len(run) * n)
+        for slot in run:
+            left[slot] -= n
+            if not left[slot]:
+                del left[slot]
     return total
 
 
@@ -135,7 +149,8 @@ def allocate_drafts(curve: StepTimeCurve, base_counts: Sequence[int], num_decodi
                     rates: Sequence[Sequence[float]], caps: Sequence[int],
                     owners: Sequence[int] | None = None, equal_split: bool = False,
                     draft_curve: StepTimeCurve | None = None,
-                    is_draft: Sequence[bool] | None = None) -> list[int]:
+                    is_draft: Sequence[bool] | None = None,
+                    slots: Sequence[int] | None = None) -> list[int]:
     """Draft tokens per candidate sequence.
 
     Args:
@@ -148,6 +163,7 @@ def allocate_drafts(curve: StepTimeCurve, base_counts: Sequence[int], num_decodi
         owners: per candidate, its index in `base_counts` (default: candidate i is
             sequence i).
         equal_split: the runner's `capabilities.equal_split` (see `step_seconds`).
+        slots: the slot of each sequence in `base_counts` (for `equal_split`).
         draft_curve, is_draft: a draft model's step-time curve, and which candidates it
             drafts for: their j-th tokens cost one draft step over every sequence drafting
             at least j tokens, sum_j t_draft(m_j), on top of the target's step.
@@ -160,7 +176,7 @@ def allocate_drafts(curve: StepTimeCurve, base_counts: Sequence[int], num_decodi
         if cap > 0 and r:
             heapq.heappush(heap, (-r[0], i, 0))
     ks = [0] * len(caps)
-    best_rate = num_decoding / max(step_seconds(curve, counts, equal_split), 1e-12)
+    best_rate = num_decoding / max(step_seconds(curve, counts, equal_split, slots), 1e-12)
     best_d, taken = 0, []
     gain_sum, d = 0.0, 0
     depth: list[int] = []  # sequences the draft model drafts for at each depth
@@ -178,7 +194,7 @@ def allocate_drafts(curve: StepTimeCurve, base_counts: Sequence[int], num_decodi
             m = depth[j]
             draft_s += draft_curve(m + 1) - (draft_curve(m) if m else 0.0)
             depth[j] = m + 1
-        rate = (num_decoding + gain_sum) / (step_seconds(curve, counts, equal_split) + draft_s)
+        rate = (num_decoding + gain_sum) / (step_seconds(curve, counts, equal_split, slots) + draft_s)
         if rate > best_rate:
             best_rate, best_d = rate, d
         if j + 1 < min(caps[i], len(rates[i])):

@@ -4,7 +4,13 @@ for every drafting sequence in one batched call per draft position.
 Its KV lives in its own runner, in the same slots and block ids as the target's, mirrored by
 `app.engine.residency.MirroredResidency`. It computes only what it lacks: the tokens the
 target accepted since it last drafted (all of the prompt the first time), then one token per
-draft position. Greedy drafts are deterministic, so verification stays exact by equality.
+draft position.
+
+Greedy and seeded requests (and those asking for logprobs) get greedy drafts: they are
+deterministic, so verification is exact by equality and a seeded request gives the same
+text as without speculation. Other sampled requests get drafts sampled from the draft's own
+distribution q under the request's sampler, recorded for rejection sampling
+(`app.engine.spec_decode.verify`), which accepts more of them and is exact in distribution.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import numpy as np
 
 from app.engine.request import Request
 from app.engine.residency import MirroredResidency
+from app.engine.sampler import GREEDY_TEMPERATURE, distribution, draw
 from backends.base import BatchItem, Runner
 
 # placeholder for a draft token the draft model fills in after scheduling
@@ -48,17 +55,21 @@ class DraftModelProposer:
         self.runner = runner
         self.residency = residency
         self.max_batch_tokens = getattr(runner, "max_batch_tokens", 512)
+        self._rng = np.random.default_rng()  # draft samples need no reproducibility
 
     def kind(self, request: Request) -> str:
         return "draft"
 
     def fill(self, requests: list[Request]) -> None:
-        """Replace each request's `PENDING` drafts with the draft model's greedy tokens.
+        """Replace each request's `PENDING` drafts with the draft model's tokens (greedy, or
+        sampled with their q recorded in `spec_state["q"]`).
 
         The requests are scheduled: their block tables cover every drafted position."""
         todo = [r for r in requests if r.spec_token_ids and r.spec_token_ids[0] == PENDING]
         if not todo:
             return
+        for r in todo:
+            r.spec_state.pop("q", None)
         held = self.residency.draft_tokens
         self._catch_up(todo)
         # draft position 0: the last real token, whose logits give the first draft
@@ -74,7 +85,13 @@ class DraftModelProposer:
             logits = self.runner.execute(items)
             tokens = np.argmax(logits, axis=1)
             still = []
-            for r, tok in zip(live, tokens, strict=True):
+            for row, r in enumerate(live):
+                tok = int(tokens[row])
+                if _samples(r):
+                    q = distribution(logits[row], r.params, r.prompt_ids,
+                                     r.output_ids + out[id(r)])
+                    tok = draw(q, self._rng.random())
+                    r.spec_state.setdefault("q", []).append(q)
                 held[r.slot] = r.num_tokens + len(out[id(r)])
                 out[id(r)].append(int(tok))
                 inputs[id(r)] = int(tok)
@@ -83,6 +100,7 @@ class DraftModelProposer:
             live = still
         for r in todo:
             r.spec_token_ids = out[id(r)]
+
 
     def _catch_up(self, requests: list[Request]) -> None:
         """Compute, in chunks of at most `max_batch_tokens`, the tokens each request's draft
@@ -101,3 +119,9 @@ class DraftModelProposer:
             if not items:
                 return
             self.runner.execute(items)
+
+
+def _samples(r: Request) -> bool:
+    """Whether `r` gets sampled drafts (see the module docstring)."""
+    p = r.params
+    return p.temperature >= GREEDY_TEMPERATURE and p.seed is None and p.logprobs is None

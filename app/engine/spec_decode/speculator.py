@@ -21,6 +21,12 @@ from app.engine.spec_decode.controller import (
 from app.engine.spec_decode.draft_model import PENDING, DraftModelProposer
 from app.engine.spec_decode.proposer import NgramProposer, PredictionProposer, Proposer
 
+# First acceptance estimates of a kind of draft: enough for drafts to be tried where the
+# step-time curve is flat, not on a steep one until there is evidence; a prediction is tried
+# on a steep curve too.
+PRIOR = 0.6
+PREDICTION_PRIOR = 0.9
+
 
 class SpecStats:
     """Cumulative counters (for /metrics). accepted = length of each accepted prefix."""
@@ -77,8 +83,9 @@ class Speculator:
             [] if config.mode == "draft" else [PredictionProposer(), NgramProposer()])
         self.draft = draft
         self.draft_curve = draft_curve
-        # acceptance over all sequences, per kind of draft: the prior of a new sequence.
-        # It starts optimistic so that drafts get tried, and learns from every verification.
+        # acceptance over all sequences, per kind of draft: the prior of a new sequence. It
+        # starts at PRIOR (a prediction: PREDICTION_PRIOR, since an editor's prediction is
+        # mostly the reply) and learns from every verification.
         self.global_estimates: dict[str, AcceptanceEstimate] = {}
         self.stats = SpecStats(self.max_k)
         self._can_pay: dict[tuple[int, int], bool] = {}  # (step tokens, decoding) -> bound
@@ -94,6 +101,7 @@ class Speculator:
         """Set `spec_token_ids` on the running requests that will decode this step."""
         num_decoding = 0
         counts: list[int] = []  # tokens per sequence in the step, without drafts
+        slots: list[int] = []
         owners: list[int] = []
         candidates: list[tuple[Request, str, list[int]]] = []
         running = list(running)
@@ -106,6 +114,7 @@ class Speculator:
             todo = min(r.num_tokens - r.num_computed_tokens, left)
             left -= todo
             counts.append(todo)
+            slots.append(r.slot)
             if todo != 1 or r.num_tokens - r.num_computed_tokens != 1:
                 continue  # a prefill chunk
             num_decoding += 1
@@ -122,12 +131,15 @@ class Speculator:
                 if self.draft is not None:  # its tokens are computed once k is known
                     candidates.append((r, "draft", [PENDING] * cap))
                     owners.append(len(counts) - 1)
-        for r in waiting:  # admissions this step take what budget is left, in order
+        taken = set(slots)
+        free = (s for s in range(1 << 16) if s not in taken)
+        for r in waiting:  # admissions take the lowest free slots and the budget left
             if left <= 0:
                 break
             todo = min(r.num_tokens - r.num_computed_tokens, left)
             left -= todo
             counts.append(todo)
+            slots.append(next(free))
         if not candidates:
             return
         if self.config.fixed_k is not None:
@@ -137,7 +149,7 @@ class Speculator:
             ks = allocate_drafts(self.curve, counts, num_decoding, rates,
                                  [len(d) for _, _, d in candidates], owners,
                                  self.equal_split, self.draft_curve,
-                                 [kind == "draft" for _, kind, _ in candidates])
+                                 [kind == "draft" for _, kind, _ in candidates], slots)
         for (r, kind, drafts), k in zip(candidates, ks, strict=True):
             self.stats.chosen_k[k] += 1
             if k:
@@ -176,7 +188,8 @@ class Speculator:
     def _global(self, kind: str) -> AcceptanceEstimate:
         est = self.global_estimates.get(kind)
         if est is None:
-            est = self.global_estimates[kind] = AcceptanceEstimate(self.max_k, prior=0.8,
+            prior = PREDICTION_PRIOR if kind == "prediction" else PRIOR
+            est = self.global_estimates[kind] = AcceptanceEstimate(self.max_k, prior=prior,
                                                                    decay=0.98)
         return est
 

@@ -1,0 +1,1 @@
+"""Two-box mode (prefill on one machine, decode on another): wire codec and handshake."""

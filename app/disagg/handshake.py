@@ -1,0 +1,142 @@
+"""The two-box handshake: protocol version, mutual HMAC challenge-response over a shared
+secret (which never crosses the wire), and the model fingerprint compared field by field.
+Spec: docs/two-box.md.
+
+    client -> HELLO     {nonce: 32 random bytes, fingerprint}
+    server -> CHALLENGE {nonce: 32 random bytes, fingerprint, proof: mac("server")}
+    client -> AUTH      {proof: mac("client")}
+    server -> READY     {}            (tagged with the session key: it proves the key too)
+    mac(role) = HMAC-SHA256(secret, b"tandem-kv/1 " + role + nonce_c + nonce_s
+                            + sha256(msgpack(fp_c)) + sha256(msgpack(fp_s)))
+    session key = HMAC-SHA256(secret, b"tandem-kv/1 session" + nonce_c + nonce_s)
+
+Either side that finds a problem sends ERROR {code, message} (tag key b"") and raises
+`ProtocolError`: "version", "auth" (wrong proof), "fingerprint" (`detail` = first differing
+field). Both proofs cover both nonces and both fingerprints, so neither a replayed proof nor
+a fingerprint altered in transit passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+import msgpack
+
+from app.disagg.wire import Frame, FrameType, ProtocolError, encode_parts, read_frame, write_frame
+from models.fingerprint import ModelFingerprint, first_difference
+
+NONCE_BYTES = 32
+_LABEL = b"tandem-kv/1 "
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """An authenticated connection's state: `key` tags every later frame."""
+
+    key: bytes
+    peer: ModelFingerprint
+
+
+def fingerprint_digest(fp: dict) -> bytes:
+    """sha256 of a fingerprint dict's msgpack encoding (field order as given)."""
+    return hashlib.sha256(msgpack.packb(fp, use_bin_type=True)).digest()
+
+
+def proof(secret: bytes, role: bytes, nonce_c: bytes, nonce_s: bytes, fp_c: dict,
+          fp_s: dict) -> bytes:
+    """A side's 32-byte proof that it knows `secret`, bound to this exchange."""
+    msg = (_LABEL + role + nonce_c + nonce_s + fingerprint_digest(fp_c)
+           + fingerprint_digest(fp_s))
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+def session_key(secret: bytes, nonce_c: bytes, nonce_s: bytes) -> bytes:
+    """The key tagging every frame after the handshake (32 bytes)."""
+    return hmac.new(secret, _LABEL + b"session" + nonce_c + nonce_s, hashlib.sha256).digest()
+
+
+def _expect(frame: Frame, ftype: FrameType) -> dict:
+    if frame.type == FrameType.ERROR:
+        raise ProtocolError("peer", f"peer refused: {frame.header['code']}: "
+                            f"{frame.header['message']}", detail=frame.header["code"])
+    if frame.type != ftype:
+        raise ProtocolError("type", f"expected {ftype.name}, got {frame.type.name}")
+    if "nonce" in frame.header and len(frame.header["nonce"]) != NONCE_BYTES:
+        raise ProtocolError("header", f"nonce must be {NONCE_BYTES} bytes")
+    return frame.header
+
+
+async def _fail(writer: asyncio.StreamWriter, err: ProtocolError) -> None:
+    code = err.code if err.code in ("version", "auth", "fingerprint") else "protocol"
+    message = str(err) if err.detail is None or code != "fingerprint" else err.detail
+    try:
+        await write_frame(writer, encode_parts(FrameType.ERROR,
+                                               {"code": code, "message": message}))
+    except (ConnectionError, OSError):
+        pass  # the peer is gone: the error raised below is what matters
+    raise err
+
+
+def _compare(mine: ModelFingerprint, theirs: dict) -> ModelFingerprint:
+    peer = ModelFingerprint.from_dict(theirs)
+    differ = first_difference(mine, peer)
+    if differ is not None:
+        raise ProtocolError("fingerprint", f"models differ in {differ}: here "
+                            f"{getattr(mine, differ)!r}, peer {getattr(peer, differ)!r}",
+                            detail=differ)
+    return peer
+
+
+async def client_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           secret: bytes, fingerprint: ModelFingerprint) -> Session:
+    """The decode box's side. Raises ProtocolError (code as in the module docstring)."""
+    fp_c = fingerprint.to_dict()
+    nonce_c = secrets.token_bytes(NONCE_BYTES)
+    await write_frame(writer, encode_parts(FrameType.HELLO,
+                                           {"nonce": nonce_c, "fingerprint": fp_c}))
+    h = _expect(await read_frame(reader), FrameType.CHALLENGE)
+    nonce_s, fp_s = h["nonce"], h["fingerprint"]
+    try:
+        want = proof(secret, b"server", nonce_c, nonce_s, fp_c, fp_s)
+        if not hmac.compare_digest(want, h["proof"]):
+            raise ProtocolError("auth", "the peer does not know the shared secret")
+        peer = _compare(fingerprint, fp_s)
+    except ProtocolError as err:
+        await _fail(writer, err)
+    await write_frame(writer, encode_parts(
+        FrameType.AUTH, {"proof": proof(secret, b"client", nonce_c, nonce_s, fp_c, fp_s)}))
+    key = session_key(secret, nonce_c, nonce_s)
+    _expect(await read_frame(reader, key), FrameType.READY)
+    return Session(key, peer)
+
+
+async def server_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           secret: bytes, fingerprint: ModelFingerprint) -> Session:
+    """The prefill worker's side. Raises ProtocolError after telling the peer why."""
+    try:
+        h = _expect(await read_frame(reader), FrameType.HELLO)
+    except ProtocolError as err:
+        await _fail(writer, err)
+    fp_s = fingerprint.to_dict()
+    nonce_c, fp_c = h["nonce"], h["fingerprint"]
+    nonce_s = secrets.token_bytes(NONCE_BYTES)
+    await write_frame(writer, encode_parts(FrameType.CHALLENGE, {
+        "nonce": nonce_s, "fingerprint": fp_s,
+        "proof": proof(secret, b"server", nonce_c, nonce_s, fp_c, fp_s)}))
+    try:
+        a = _expect(await read_frame(reader), FrameType.AUTH)
+        if not hmac.compare_digest(proof(secret, b"client", nonce_c, nonce_s, fp_c, fp_s),
+                                   a["proof"]):
+            raise ProtocolError("auth", "the peer does not know the shared secret")
+        peer = _compare(fingerprint, fp_c)
+    except ProtocolError as err:
+        if err.code == "peer":
+            raise
+        await _fail(writer, err)
+    key = session_key(secret, nonce_c, nonce_s)
+    await write_frame(writer, encode_parts(FrameType.READY, {}, key=key))
+    return Session(key, peer)

@@ -1,0 +1,167 @@
+"""Limits that keep one client's mistake or slowness from costing anyone else.
+
+- Body size: at most `MAX_BODY_BYTES` (32 MiB: a full 128k-token context as JSON text or as
+  token ids is a few MB). A larger declared `Content-Length` is refused with 413 before one
+  byte of the body is read; a chunked body is refused as soon as it passes the limit.
+  (Starlette's `RequestBodyLimitMiddleware` does the same but answers in plain text.)
+- Slow bodies: a request whose next body chunk does not arrive within `BODY_TIMEOUT_S`
+  seconds gets 408 and the connection is closed (nginx's `client_body_timeout`, a timeout
+  between two reads, not for the whole body).
+Both are `RequestLimitsMiddleware`, pure ASGI; the 413/408 bodies are OpenAI's error shape.
+- Slow headers: a connection that has not delivered a request's complete headers within
+  `HEADER_TIMEOUT_S` seconds of connecting (or of its first byte after a response) is closed
+  (nginx's `client_header_timeout`). uvicorn has no such timeout, so `header_timeout_protocol`
+  adds one to its h11 protocol; header size stays bounded by h11's 16 KiB limit (400 beyond).
+  Idle keep-alive connections are closed after uvicorn's `timeout_keep_alive` (5 s).
+
+The server is one asyncio process: a slow client holds a socket, never a worker thread, so
+other requests keep flowing while it dawdles; these limits bound how long it holds the socket.
+`uvicorn_options()` gives the `uvicorn.Config` keyword arguments for the protocol limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from app.server.errors import ErrorResponse, error_body
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+BODY_TIMEOUT_S = 30.0
+HEADER_TIMEOUT_S = 30.0
+KEEP_ALIVE_S = 5
+
+
+class BodyTooLarge(HTTPException):
+    """The body passed `limit` bytes: answered 413, connection closed (the rest is never read).
+    An HTTPException for the same reason as `BodyTimeout`."""
+
+    def __init__(self, limit: int):
+        super().__init__(
+            status_code=413,
+            detail=f"The request body is larger than this server's limit of {limit} bytes.",
+            headers={"Connection": "close"},
+        )
+
+
+class BodyTimeout(HTTPException):
+    """The client stopped sending its body: answered 408, connection closed.
+
+    An HTTPException, so FastAPI's body parsing re-raises it to the error handlers (any other
+    exception there would become a generic 400)."""
+
+    def __init__(self, timeout_s: float):
+        super().__init__(
+            status_code=408,
+            detail=f"The request body did not arrive in time (no data for {timeout_s:g} s).",
+            headers={"Connection": "close"},
+        )
+
+
+class RequestLimitsMiddleware:
+    """Pure ASGI middleware for the body limits (see the module docstring).
+
+    A declared `Content-Length` over `max_body_bytes` is answered 413 at once, before the app
+    runs. Otherwise each `receive()` of the body waits at most `timeout_s` seconds (then
+    raises `BodyTimeout`) and the bytes received are counted (past the limit: `BodyTooLarge`);
+    the app's error handlers answer both. Once the body is complete, `receive()` (which then
+    only reports a disconnect) waits as long as the app likes."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, timeout_s: float):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.timeout_s = timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_body_bytes:
+            exc = BodyTooLarge(self.max_body_bytes)
+            await ErrorResponse(error_body(exc.detail), status_code=413,
+                                headers=exc.headers)(scope, receive, send)
+            return
+        body_done = False
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal body_done, received
+            if body_done:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout_s)
+            except TimeoutError:
+                raise BodyTimeout(self.timeout_s) from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise BodyTooLarge(self.max_body_bytes)
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def header_timeout_protocol(timeout_s: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a header timeout of `timeout_s` seconds (see the module
+    docstring); pass it as `uvicorn.Config(http=...)`."""
+
+    class HeaderTimeoutH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+        _seen_cycle: Any = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.cycle is not None and self.cycle is not self._seen_cycle:
+                self._seen_cycle = self.cycle  # a request's headers are complete
+                self._disarm()
+            elif self.cycle is None or self.cycle.response_complete:
+                self._arm()  # bytes of the next request's headers: they must finish in time
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(timeout_s, self._expire)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expire(self) -> None:
+            self._header_timer = None
+            waiting = self.cycle is None or self.cycle.response_complete
+            if waiting and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutH11Protocol
+
+
+def uvicorn_options(header_timeout_s: float = HEADER_TIMEOUT_S,
+                    keep_alive_s: int = KEEP_ALIVE_S) -> dict[str, Any]:
+    """Keyword arguments for `uvicorn.Config`: the header-timeout h11 protocol and the
+    keep-alive timeout (seconds)."""
+    return {"http": header_timeout_protocol(header_timeout_s), "timeout_keep_alive": keep_alive_s}

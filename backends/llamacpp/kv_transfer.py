@@ -1,0 +1,262 @@
+"""llama.cpp's per-sequence state blob <-> DESIGN.md's backend-neutral KV layout.
+
+Pure numpy, no llama.cpp import: the runner (`LlamaCppRunner.export_kv/import_kv`) fetches and
+loads blobs with `llama_state_seq_get_data/set_data`; this module only reads and writes bytes.
+
+Blob layout (packed little-endian, llama.cpp 0.3.36 `llama-kv-cache.cpp: state_write*`,
+verified byte-exact, shared/notes/llamacpp.md §2):
+
+    u32 magic 0xaf143cd8 | i32 seq_id | u32 n_stream
+    per stream: u32 cell_count; if cell_count > 0:
+        per cell: i32 pos | u32 n_seq_id (=1) | i32 seq_id
+        u32 v_trans | u32 n_layer
+        per layer: i32 k_type | u64 k_row_bytes | K rows [cells][kv_heads*head_dim]
+        per layer, v_trans=0: i32 v_type | u64 v_row_bytes | V rows [cells][kv_heads*head_dim]
+        per layer, v_trans=1: i32 v_type | u32 el_bytes | u32 kv_heads*head_dim | V [dim][cells]
+
+Neutral layout: per layer (K, V), each `[tokens, kv_heads, head_dim]` float16, tokens in
+position order, K post-RoPE in the rotate-half (Hugging Face) convention.
+
+RoPE convention. llama.cpp ropes K before caching it, so cached K is post-RoPE. Models whose
+llama.cpp rope type is NORM (`llama_model_rope_type` == 0: llama, deci, granite, smollm3,
+mistral3, ...; list in `llama-model.cpp: llama_model_rope_type`) rotate adjacent pairs
+(2i, 2i+1): the GGUF converter permutes HF's Q/K rows per head for them
+(`conversion/llama.py: LlamaModel.permute`, HF row h*(d/2)+i -> GGUF row 2i+h), so the cached
+K of a head is the HF K with its rotary halves interleaved. NEOX models (qwen2, qwen3, phi3,
+gemma, ...) rotate (i, i+d/2) exactly like rotate-half and are stored as HF computes them.
+Because NORM on (2i, 2i+1) equals rotate-half on (i, i+d/2), de-interleaving post-RoPE K is
+exact (a permutation of f16 values: no rounding). V is never permuted.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from backends.base import LayerKV
+
+STATE_MAGIC = 0xAF143CD8
+GGML_TYPE_F16 = 1  # ggml_type enum value; the only KV type exported (others: q8_0 etc.)
+ROPE_TYPE_NORM = 0  # LLAMA_ROPE_TYPE_NORM: adjacent pairs -> K stored interleaved per head
+ROPE_TYPE_NEOX = 2  # LLAMA_ROPE_TYPE_NEOX: half-offset pairs, already rotate-half
+_F16 = np.dtype("<f2")
+
+
+def rope_interleaved(rope_type: int) -> bool:
+    """Whether cached K must be de-interleaved per head to reach the neutral layout.
+
+    Raises ValueError for rope types whose K does not map onto the neutral layout (none,
+    M-RoPE, vision: their blobs also carry extra per-cell fields)."""
+    if rope_type == ROPE_TYPE_NORM:
+        return True
+    if rope_type == ROPE_TYPE_NEOX:
+        return False
+    raise ValueError(f"llama.cpp rope type {rope_type} has no neutral KV layout (only NORM 0 "
+                     "and NEOX 2 are supported)")
+
+
+def deinterleave_heads(k: np.ndarray, n_rot: int | None = None) -> np.ndarray:
+    """llama.cpp NORM order -> rotate-half order, per head, over the last axis.
+
+    k: `[..., head_dim]`. The first `n_rot` dims (default all) are rotary: llama.cpp pair
+    (2i, 2i+1) becomes (i, i+n_rot/2); dims past `n_rot` are not rotated and stay. Returns a
+    new array. Raises ValueError if `n_rot` is odd or exceeds head_dim."""
+    d = k.shape[-1]
+    r = d if n_rot is None else n_rot
+    if r % 2 or not 0 < r <= d:
+        raise ValueError(f"n_rot {r} must be even and in 1..{d}")
+    return np.concatenate([k[..., 0:r:2], k[..., 1:r:2], k[..., r:]], axis=-1)
+
+
+def interleave_heads(k: np.ndarray, n_rot: int | None = None) -> np.ndarray:
+    """Inverse of `deinterleave_heads`: rotate-half order -> llama.cpp NORM order."""
+    d = k.shape[-1]
+    r = d if n_rot is None else n_rot
+    if r % 2 or not 0 < r <= d:
+        raise ValueError(f"n_rot {r} must be even and in 1..{d}")
+    out = np.empty_like(k)
+    out[..., 0:r:2] = k[..., : r // 2]
+    out[..., 1:r:2] = k[..., r // 2 : r]
+    out[..., r:] = k[..., r:]
+    return out
+
+
+@dataclass(slots=True)
+class SeqState:
+    """One sequence's KV as llama.cpp saved it, rows in cell order (not position order).
+
+    seq_id: the source sequence (ignored by llama.cpp on load). n_stream: KV streams of the
+    context (1 unified, n_seq_max split); must equal the loading context's. stream: the
+    stream holding the cells (None when there are none). positions: int32 `[cells]`.
+    v_trans: V saved transposed (flash attention off). keys / values: per layer float16
+    `[cells, kv_heads, head_dim]` (V un-transposed here).
+    """
+
+    seq_id: int
+    n_stream: int
+    stream: int | None
+    positions: np.ndarray
+    v_trans: bool
+    keys: list[np.ndarray]
+    values: list[np.ndarray]
+
+
+class _Reader:
+    def __init__(self, buf: memoryview):
+        self.buf, self.off = buf, 0
+
+    def take(self, fmt: str) -> tuple:
+        size = struct.calcsize(fmt)
+        if self.off + size > len(self.buf):
+            raise ValueError(f"state blob truncated at byte {self.off}")
+        out = struct.unpack_from(fmt, self.buf, self.off)
+        self.off += size
+        return out
+
+    def array(self, dtype: np.dtype | str, count: int) -> np.ndarray:
+        dt = np.dtype(dtype)
+        if self.off + dt.itemsize * count > len(self.buf):
+            raise ValueError(f"state blob truncated at byte {self.off}")
+        out = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.off)
+        self.off += dt.itemsize * count
+        return out
+
+
+def parse_state(blob, n_kv_heads: int, head_dim: int) -> SeqState:
+    """Parse a `llama_state_seq_get_data` blob (any buffer: bytes, ctypes array, ...).
+
+    The returned arrays are views over `blob` (keep it alive; copy to outlive it). Raises
+    ValueError for a bad magic, a truncated or over-long blob, cells in more than one stream,
+    a cell with n_seq_id != 1, a KV type other than f16, or rows that are not
+    `n_kv_heads * head_dim` values."""
+    r = _Reader(memoryview(blob).cast("B"))
+    magic, seq_id, n_stream = r.take("<IiI")
+    if magic != STATE_MAGIC:
+        raise ValueError(f"not a llama.cpp sequence state (magic {magic:#x})")
+    width = n_kv_heads * head_dim
+    state = SeqState(seq_id, n_stream, None, np.zeros(0, np.int32), False, [], [])
+    for s in range(n_stream):
+        (cells,) = r.take("<I")
+        if cells == 0:
+            continue
+        if state.stream is not None:
+            raise ValueError("sequence has cells in more than one stream")
+        state.stream = s
+        meta = r.array("<i4", 3 * cells).reshape(cells, 3)  # pos, n_seq_id, seq_id
+        if np.any(meta[:, 1] != 1):
+            raise ValueError("cell with n_seq_id != 1 (not a per-sequence blob)")
+        state.positions = meta[:, 0]
+        v_trans, n_layer = r.take("<II")
+        state.v_trans = bool(v_trans)
+        for _ in range(n_layer):
+            k_type, k_row = r.take("<iQ")
+            _check_type("K", k_type, k_row, width * 2)
+            state.keys.append(r.array(_F16, cells * width).reshape(cells, n_kv_heads, head_dim))
+        for _ in range(n_layer):
+            if v_trans:
+                v_type, el, dim = r.take("<iII")
+                _check_type("V", v_type, el * dim, width * 2)
+                v = r.array(_F16, dim * cells).reshape(dim, cells).T
+            else:
+                v_type, v_row = r.take("<iQ")
+                _check_type("V", v_type, v_row, width * 2)
+                v = r.array(_F16, cells * width)
+            state.values.append(v.reshape(cells, n_kv_heads, head_dim))
+    if r.off != len(r.buf):
+        raise ValueError(f"{len(r.buf) - r.off} unexpected bytes after the state")
+    return state
+
+
+def _check_type(which: str, ggml_type: int, row_bytes: int, want: int) -> None:
+    if ggml_type != GGML_TYPE_F16:
+        raise ValueError(f"{which} cache type {ggml_type} is not f16 (only f16 KV transfers)")
+    if row_bytes != want:
+        raise ValueError(f"{which} row is {row_bytes} bytes, the model shape implies {want}")
+
+
+def build_state(state: SeqState) -> bytearray:
+    """The blob `parse_state` reads back as `state`: the exact inverse (parse -> build
+    reproduces llama.cpp's bytes). A bytearray, so ctypes can load it without a copy."""
+    cells = len(state.positions)
+    parts: list[bytes | memoryview] = [struct.pack("<IiI", STATE_MAGIC, state.seq_id,
+                                                   state.n_stream)]
+    for s in range(state.n_stream):
+        if s != state.stream or cells == 0:
+            parts.append(struct.pack("<I", 0))
+            continue
+        meta = np.empty((cells, 3), "<i4")
+        meta[:, 0], meta[:, 1], meta[:, 2] = state.positions, 1, state.seq_id
+        parts += [struct.pack("<I", cells), meta.tobytes(),
+                  struct.pack("<II", int(state.v_trans), len(state.keys))]
+        for k in state.keys:
+            width = k.shape[1] * k.shape[2]
+            parts += [struct.pack("<iQ", GGML_TYPE_F16, width * 2),
+                      np.ascontiguousarray(k, _F16).tobytes()]
+        for v in state.values:
+            width = v.shape[1] * v.shape[2]
+            if state.v_trans:
+                parts += [struct.pack("<iII", GGML_TYPE_F16, 2, width),
+                          np.ascontiguousarray(v.reshape(cells, width).T, _F16).tobytes()]
+            else:
+                parts += [struct.pack("<iQ", GGML_TYPE_F16, width * 2),
+                          np.ascontiguousarray(v, _F16).tobytes()]
+    return bytearray(b"".join(parts))
+
+
+def to_neutral(state: SeqState, start: int, n: int, interleaved: bool,
+               n_rot: int | None = None) -> list[LayerKV]:
+    """Positions `start .. start+n-1` of `state` in the neutral layout: per layer (K, V),
+    new arrays `[n, kv_heads, head_dim]` float16, K de-interleaved if `interleaved`.
+
+    Raises ValueError if the state does not hold each of those positions exactly once."""
+    pos = state.positions.astype(np.int64)
+    rows = np.full(n, -1, np.int64)
+    inside = (pos >= start) & (pos < start + n)
+    idx = pos[inside] - start
+    if len(np.unique(idx)) != len(idx):
+        raise ValueError("state holds a position twice")
+    rows[idx] = np.flatnonzero(inside)
+    if n and rows.min() < 0:
+        raise ValueError(f"state does not hold positions {start}..{start + n - 1}")
+    out = []
+    for k, v in zip(state.keys, state.values, strict=True):
+        k_rows = k[rows]
+        out.append((deinterleave_heads(k_rows, n_rot) if interleaved else k_rows, v[rows]))
+    return out
+
+
+def from_neutral(kv: list[LayerKV], start: int, *, seq_id: int, n_stream: int, stream: int,
+                 v_trans: bool, interleaved: bool, n_rot: int | None = None) -> SeqState:
+    """A `SeqState` holding neutral `kv` at positions `start ..`, cells in position order.
+
+    kv: per layer (K, V) `[n, kv_heads, head_dim]` float16. Raises ValueError if layers
+    differ in shape or are not float16."""
+    if not kv:
+        raise ValueError("no layers")
+    shape = kv[0][0].shape
+    for k, v in kv:
+        if k.shape != shape or v.shape != shape or len(shape) != 3:
+            raise ValueError(f"every K and V must be [n, kv_heads, head_dim] {shape}")
+        if k.dtype != np.float16 or v.dtype != np.float16:
+            raise ValueError("K and V must be float16")
+    keys = [interleave_heads(k, n_rot) if interleaved else k for k, _ in kv]
+    return SeqState(seq_id, n_stream, stream, np.arange(start, start + shape[0], dtype=np.int32),
+                    v_trans, keys, [v for _, v in kv])
+
+
+def concat_states(head: SeqState, tail: SeqState) -> SeqState:
+    """`head`'s cells followed by `tail`'s (same context layout), for appending a chunk to a
+    sequence: llama.cpp's load first clears its destination, so a sequence's KV is reloaded
+    whole. Raises ValueError if layouts or layer counts differ."""
+    if head.stream is None or not len(head.positions):
+        return tail
+    if (head.n_stream, head.stream, head.v_trans, len(head.keys)) != (
+            tail.n_stream, tail.stream, tail.v_trans, len(tail.keys)):
+        raise ValueError("states come from different context layouts")
+    return SeqState(
+        tail.seq_id, tail.n_stream, tail.stream,
+        np.concatenate([head.positions, tail.positions]), tail.v_trans,
+        [np.concatenate([a, b]) for a, b in zip(head.keys, tail.keys, strict=True)],
+        [np.concatenate([a, b]) for a, b in zip(head.values, tail.values, strict=True)])

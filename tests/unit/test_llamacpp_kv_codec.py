@@ -1,0 +1,160 @@
+"""backends/llamacpp/kv_transfer.py on synthetic data: exact blob bytes, the per-head K
+permutation of NORM-rope (llama) models, and the identity for NEOX-rope (qwen2) models."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from backends.llamacpp import kv_transfer as kvt
+
+
+def _state(positions, n_layers=2, heads=1, dim=4, v_trans=False, n_stream=1, stream=0):
+    cells = len(positions)
+    base = np.arange(n_layers * cells * heads * dim, dtype=np.float16)
+    keys = [base[i * cells * heads * dim:(i + 1) * cells * heads * dim].reshape(cells, heads, dim)
+            for i in range(n_layers)]
+    values = [-k for k in keys]
+    return kvt.SeqState(7, n_stream, stream, np.asarray(positions, np.int32), v_trans, keys,
+                        values)
+
+
+def test_golden_blob_bytes():
+    """One layer, one head of 2 dims, positions 5 and 4 in cell order (V transposed)."""
+    k = np.array([[[1.0, 2.0]], [[3.0, 4.0]]], np.float16)
+    v = np.array([[[-1.0, -2.0]], [[-3.0, -4.0]]], np.float16)
+    state = kvt.SeqState(3, 2, 1, np.array([5, 4], np.int32), True, [k], [v])
+    blob = bytes(kvt.build_state(state))
+    want = (struct.pack("<IiI", 0xAF143CD8, 3, 2) + struct.pack("<I", 0)  # stream 0: empty
+            + struct.pack("<I", 2) + struct.pack("<iIi", 5, 1, 3) + struct.pack("<iIi", 4, 1, 3)
+            + struct.pack("<II", 1, 1)
+            + struct.pack("<iQ", 1, 4) + np.array([1, 2, 3, 4], "<f2").tobytes()
+            # V transposed: [dim][cell]
+            + struct.pack("<iII", 1, 2, 2) + np.array([-1, -3, -2, -4], "<f2").tobytes())
+    assert blob == want
+    assert blob.hex()[:24] == "d83c14af0300000002000000"
+    back = kvt.parse_state(blob, 1, 2)
+    assert (back.seq_id, back.n_stream, back.stream, back.v_trans) == (3, 2, 1, True)
+    assert back.positions.tolist() == [5, 4]
+    assert np.array_equal(back.keys[0], k) and np.array_equal(back.values[0], v)
+    # to neutral: position order (4, 5)
+    (nk, nv), = kvt.to_neutral(back, 4, 2, interleaved=False)
+    assert nk[:, 0].tolist() == [[3.0, 4.0], [1.0, 2.0]]
+    assert nv[:, 0].tolist() == [[-3.0, -4.0], [-1.0, -2.0]]
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_parse_then_build_is_the_identity(v_trans):
+    blob = bytes(kvt.build_state(_state([0, 1, 2], heads=3, dim=4, v_trans=v_trans)))
+    assert bytes(kvt.build_state(kvt.parse_state(blob, 3, 4))) == blob
+
+
+def test_deinterleave_moves_rotary_pairs_to_halves():
+    k = np.arange(8, dtype=np.float16).reshape(1, 1, 8)
+    assert kvt.deinterleave_heads(k)[0, 0].tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert kvt.interleave_heads(kvt.deinterleave_heads(k)).tolist() == k.tolist()
+    # partial rotary: only the first n_rot dims are pairs
+    assert kvt.deinterleave_heads(k, n_rot=4)[0, 0].tolist() == [0, 2, 1, 3, 4, 5, 6, 7]
+    with pytest.raises(ValueError, match="even"):
+        kvt.deinterleave_heads(k, n_rot=3)
+
+
+def test_interleave_is_the_gguf_converters_row_permutation():
+    """conversion/llama.py LlamaModel.permute on one head's K rows, as a function of rows."""
+    n_head, d = 3, 8
+    w = np.arange(n_head * d, dtype=np.float16).reshape(n_head * d, 1)
+    permuted = w.reshape(n_head, 2, d // 2, 1).swapaxes(1, 2).reshape(w.shape)
+    ours = kvt.interleave_heads(w.reshape(n_head, d)).reshape(n_head * d, 1)
+    assert np.array_equal(ours, permuted)
+
+
+def _rope_half(x, pos, base):  # Hugging Face rotate_half, x: [tokens, d]
+    d = x.shape[-1]
+    ang = pos[:, None] * base ** (-np.arange(0, d, 2) / d)[None, :]
+    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+    rot = np.concatenate([-x[:, d // 2:], x[:, :d // 2]], -1)
+    return x * cos + rot * sin
+
+
+def _rope_norm(x, pos, base):  # llama.cpp NORM: adjacent pairs (2i, 2i+1)
+    d = x.shape[-1]
+    ang = pos[:, None] * base ** (-np.arange(0, d, 2) / d)[None, :]
+    cos, sin = np.cos(ang), np.sin(ang)
+    out = np.empty_like(x)
+    out[:, 0::2] = x[:, 0::2] * cos - x[:, 1::2] * sin
+    out[:, 1::2] = x[:, 0::2] * sin + x[:, 1::2] * cos
+    return out
+
+
+def test_norm_rope_on_permuted_k_deinterleaves_to_rotate_half_rope():
+    """Why de-interleaving post-RoPE K is exact: NORM on the GGUF-permuted K equals
+    rotate-half on the HF K, element for element."""
+    rng = np.random.default_rng(0)
+    x_hf = rng.standard_normal((5, 64))
+    pos = np.arange(5, dtype=np.float64) + 100
+    stored = _rope_norm(kvt.interleave_heads(x_hf), pos, 100000.0)
+    assert np.array_equal(kvt.deinterleave_heads(stored), _rope_half(x_hf, pos, 100000.0))
+
+
+def test_llama_state_to_neutral_and_back():
+    """llama arch: the neutral K is the de-interleaved cell; rebuilding gives the same blob."""
+    state = _state([0, 1, 2], heads=2, dim=4)
+    blob = bytes(kvt.build_state(state))
+    kv = kvt.to_neutral(kvt.parse_state(blob, 2, 4), 0, 3, interleaved=True)
+    assert kv[0][0][0, 0].tolist() == [0, 2, 1, 3]
+    assert np.array_equal(kv[1][1], state.values[1])  # V is never permuted
+    back = kvt.from_neutral(kv, 0, seq_id=7, n_stream=1, stream=0, v_trans=False,
+                            interleaved=True)
+    assert bytes(kvt.build_state(back)) == blob
+
+
+def test_qwen2_state_to_neutral_is_the_stored_cells():
+    """NEOX rope (qwen2): no permutation, the neutral K is the cell as stored."""
+    assert kvt.rope_interleaved(kvt.ROPE_TYPE_NEOX) is False
+    assert kvt.rope_interleaved(kvt.ROPE_TYPE_NORM) is True
+    with pytest.raises(ValueError, match="rope type 8"):
+        kvt.rope_interleaved(8)  # M-RoPE
+    state = _state([2, 0, 1], heads=2, dim=4)
+    kv = kvt.to_neutral(state, 0, 3, interleaved=False)
+    assert np.array_equal(kv[0][0], state.keys[0][[1, 2, 0]])
+    back = kvt.from_neutral(kv, 0, seq_id=7, n_stream=1, stream=0, v_trans=False,
+                            interleaved=False)
+    assert np.array_equal(back.keys[0], kv[0][0]) and back.positions.tolist() == [0, 1, 2]
+
+
+def test_concat_appends_a_chunk():
+    head, tail = _state([0, 1]), _state([2])
+    both = kvt.concat_states(head, tail)
+    assert both.positions.tolist() == [0, 1, 2]
+    assert np.array_equal(both.keys[1][2], tail.keys[1][0])
+    assert kvt.concat_states(kvt.SeqState(7, 1, None, np.zeros(0, np.int32), False, [], []),
+                             tail) is tail
+    with pytest.raises(ValueError, match="different context layouts"):
+        kvt.concat_states(head, _state([2], v_trans=True))
+
+
+def test_malformed_blobs_are_refused():
+    blob = bytes(kvt.build_state(_state([0, 1])))
+    with pytest.raises(ValueError, match="magic"):
+        kvt.parse_state(b"\0" * 4 + blob[4:], 1, 4)
+    with pytest.raises(ValueError, match="truncated"):
+        kvt.parse_state(blob[:-1], 1, 4)
+    with pytest.raises(ValueError, match="unexpected bytes"):
+        kvt.parse_state(blob + b"\0", 1, 4)
+    with pytest.raises(ValueError, match="row is 8 bytes, the model shape implies 16"):
+        kvt.parse_state(blob, 2, 4)
+    q8 = bytearray(blob)
+    k_type_at = 12 + 4 + 2 * 12 + 8
+    q8[k_type_at:k_type_at + 4] = struct.pack("<i", 8)
+    with pytest.raises(ValueError, match="type 8 is not f16"):
+        kvt.parse_state(bytes(q8), 1, 4)
+    two = bytes(kvt.build_state(_state([0], n_stream=2, stream=0)))
+    two = two[:-4] + bytes(kvt.build_state(_state([0], n_stream=1)))[12:]  # stream 1 too
+    with pytest.raises(ValueError, match="more than one stream"):
+        kvt.parse_state(two, 1, 4)
+    with pytest.raises(ValueError, match="does not hold positions 0..2"):
+        kvt.to_neutral(_state([0, 1]), 0, 3, interleaved=False)
+    with pytest.raises(ValueError, match="twice"):
+        kvt.to_neutral(_state([0, 0]), 0, 1, interleaved=False)
