@@ -129,6 +129,10 @@ def step_seconds(curve: StepTimeCurve, counts: Sequence[int], equal_split: bool,
     return total
 
 
+# Drafts are given only when they are predicted to raise tokens per second by more than this
+# fraction: the estimates behind the prediction are noisier than a few percent.
+DRAFT_MARGIN = 0.05
+
 # The acceptance `drafts_can_pay` assumes for every draft token: above what any real
 # proposer sustains over a step's worth of drafts, so the bound skips only what cannot pay.
 BEST_ACCEPTANCE = 0.95
@@ -150,7 +154,8 @@ def allocate_drafts(curve: StepTimeCurve, base_counts: Sequence[int], num_decodi
                     owners: Sequence[int] | None = None, equal_split: bool = False,
                     draft_curve: StepTimeCurve | None = None,
                     is_draft: Sequence[bool] | None = None,
-                    slots: Sequence[int] | None = None) -> list[int]:
+                    slots: Sequence[int] | None = None,
+                    margin: float = DRAFT_MARGIN) -> list[int]:
     """Draft tokens per candidate sequence.
 
     Args:
@@ -164,6 +169,7 @@ def allocate_drafts(curve: StepTimeCurve, base_counts: Sequence[int], num_decodi
             sequence i).
         equal_split: the runner's `capabilities.equal_split` (see `step_seconds`).
         slots: the slot of each sequence in `base_counts` (for `equal_split`).
+        margin: drafts must beat no drafts by this fraction of tokens per second.
         draft_curve, is_draft: a draft model's step-time curve, and which candidates it
             drafts for: their j-th tokens cost one draft step over every sequence drafting
             at least j tokens, sum_j t_draft(m_j), on top of the target's step.
@@ -176,7 +182,8 @@ def allocate_drafts(curve: StepTimeCurve, base_counts: Sequence[int], num_decodi
         if cap > 0 and r:
             heapq.heappush(heap, (-r[0], i, 0))
     ks = [0] * len(caps)
-    best_rate = num_decoding / max(step_seconds(curve, counts, equal_split, slots), 1e-12)
+    base_rate = num_decoding / max(step_seconds(curve, counts, equal_split, slots), 1e-12)
+    best_rate = base_rate * (1 + margin)
     best_d, taken = 0, []
     gain_sum, d = 0.0, 0
     depth: list[int] = []  # sequences the draft model drafts for at each depth
