@@ -7,12 +7,12 @@ chat works against `tandem serve`, llama-server, Ollama, vLLM or mlx_lm.server a
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 
+from app.sse_client import json_events
 from tui.chat_settings import ChatSettings
 from tui.client import ChatClient, ClientError, ContextFullError, Message, ReplyStream
 
@@ -150,13 +150,8 @@ class _ServerReply(ReplyStream):
                     if resp.status_code != 200:
                         await resp.aread()
                         raise _http_error(resp)
-                    async for line in resp.aiter_lines():
-                        if not line.startswith("data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            break
-                        self._handle_event(json.loads(data))
+                    async for event in json_events(resp):
+                        self._handle_event(event)
         except asyncio.CancelledError:
             pass
         except httpx.HTTPError as exc:

@@ -34,6 +34,7 @@ import httpx
 
 from app.bench.load import run_request
 from app.bench.stats import percentiles
+from app.sse_client import json_events
 
 WORDS = (
     "the of and to in is was that for it with as his on be at by had are but from or have an "
@@ -104,13 +105,7 @@ async def _one(
     async with http.stream("POST", "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise ServerHTTPError(r.status_code, (await r.aread()).decode(errors="replace"))
-        async for line in r.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            event = json.loads(data)
+        async for event in json_events(r):
             if "error" in event:
                 raise RuntimeError(f"stream error: {event['error']}")
             for choice in event.get("choices") or []:

@@ -197,7 +197,7 @@ class AsyncEngine:
                         break
                     running = self._handle(cmd, outputs)
                 if running and self.engine.has_work():
-                    outputs.extend(self.engine.execute_step().outputs)
+                    outputs.extend(self.engine.step())
                 self._stats = self.engine.stats()
             except Exception as exc:  # noqa: BLE001 - a backend failure ends every stream
                 self._error = exc

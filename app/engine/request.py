@@ -63,10 +63,6 @@ class Request:
         return len(self.token_ids)
 
     @property
-    def num_tokens_with_spec(self) -> int:
-        return len(self.token_ids) + len(self.spec_token_ids)
-
-    @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_ids)
 

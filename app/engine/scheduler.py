@@ -1,7 +1,7 @@
 """Iteration-level (continuous) batching with a per-step token budget.
 
 Every step each request is given a number of tokens to compute so that
-`num_computed_tokens` catches up with `num_tokens_with_spec` (vLLM v1): a decode is 1 token
+`num_computed_tokens` catches up with `num_tokens` plus its drafts (vLLM v1): a decode is 1 token
 plus its drafts, a prompt is computed in chunks of at most the remaining budget, so long
 prompts never stall decodes. Drafts get only what budget the real tokens (decodes, prefill
 chunks, admissions) leave, so prefill chunk boundaries are the same with speculation on or

@@ -128,8 +128,6 @@ def _start_inprocess(
     api_key: str | None, cors: tuple[str, ...] = (), fail_after: int | None = None,
     **engine_kw: object,
 ) -> Iterator[Server]:
-    import uvicorn
-
     from app.server.app import create_app
     from app.server.limits import uvicorn_options
 
@@ -137,21 +135,27 @@ def _start_inprocess(
     if fail_after is not None:
         runner.fail_after(fail_after)
     app = create_app(engine, api_key=api_key, aliases=["fake-model.gguf"], cors_origins=cors)
+    yield from serve_in_thread(app, engine, api_key, **uvicorn_options())
+
+
+def serve_in_thread(app: object, engine: object, api_key: str | None,
+                    **uvicorn_kw: object) -> Iterator[Server]:
+    """Serve `app` with uvicorn on a free loopback port in a thread; on exit stop it and
+    shut `engine` down. `uvicorn_kw` go to `uvicorn.Config`."""
+    import uvicorn
+
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-                       **uvicorn_options())
-    )
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,  # type: ignore[arg-type]
+                                           log_level="warning", lifespan="off", **uvicorn_kw))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
     try:
-        model = wait_healthy(url, timeout=30)["model"]
-        yield Server(url, model, api_key, "fake")
+        yield Server(url, wait_healthy(url, timeout=30)["model"], api_key, "fake")
     finally:
         server.should_exit = True
         thread.join(timeout=10)
-        engine.shutdown()
+        engine.shutdown()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session", params=["fake", pytest.param("real", marks=pytest.mark.model)])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
@@ -18,8 +17,7 @@ import httpx
 import openai
 import pytest
 
-from app.bench.server_process import free_port, wait_healthy
-from tests.e2e.conftest import GREEDY_WORDS, Server, fake_engine
+from tests.e2e.conftest import GREEDY_WORDS, Server, fake_engine, serve_in_thread
 from tests.fakes.tokenizer import FakeTokenizer
 
 INT64_MAX = 2**63 - 1
@@ -57,27 +55,13 @@ def _still_serving(server: Server) -> None:
 
 @pytest.fixture(scope="module")
 def limited() -> Iterator[Server]:
-    import uvicorn
-
     from app.server.app import create_app
     from app.server.limits import uvicorn_options
 
     engine, _ = fake_engine(context_length=LIMITED_CTX,
                             tokenizer=FakeTokenizer(chat_template=RAISING_TEMPLATE))
     app = create_app(engine, max_body_bytes=BODY_LIMIT, body_timeout_s=TIMEOUT_S)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-        **uvicorn_options(header_timeout_s=TIMEOUT_S)))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        yield Server(url, wait_healthy(url, timeout=30)["model"], None, "fake")
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        engine.shutdown()
+    yield from serve_in_thread(app, engine, None, **uvicorn_options(header_timeout_s=TIMEOUT_S))
 
 
 def _connect(server: Server) -> socket.socket:

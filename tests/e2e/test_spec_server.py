@@ -20,7 +20,6 @@ and, for any traffic, accepted = the sum over positions of accepted_by_position.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
@@ -28,12 +27,11 @@ import httpx
 import openai
 import pytest
 
-from app.bench.server_process import free_port, wait_healthy
 from app.engine.async_engine import AsyncEngine
 from app.engine.config import SpecConfig
 from app.engine.engine import EngineConfig, LLMEngine
 from app.engine.spec_decode.speculator import Speculator
-from tests.e2e.conftest import API_KEY, CTX_SIZE, Server, scripted_reply
+from tests.e2e.conftest import API_KEY, CTX_SIZE, Server, scripted_reply, serve_in_thread
 from tests.fakes.runner import ScriptedRunner
 
 MSGS = [{"role": "user", "content": "Name three colors."}]
@@ -44,8 +42,6 @@ UNRELATED = "Жжжж ЩЩЩ ЖЖЖ щщщ " * 5  # shares no token pair with ei
 
 
 def _fake_spec_server() -> Iterator[Server]:
-    import uvicorn
-
     from app.server.app import create_app
 
     runner = ScriptedRunner(default=scripted_reply, step_s=0.003, margin=2.0, max_seqs=8,
@@ -54,18 +50,7 @@ def _fake_spec_server() -> Iterator[Server]:
     engine = AsyncEngine(LLMEngine(runner, EngineConfig(context_length=CTX_SIZE),
                                    speculator=speculator), "fake-model", "fake")
     app = create_app(engine, api_key=API_KEY)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        yield Server(url, wait_healthy(url, timeout=30)["model"], API_KEY, "fake")
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        engine.shutdown()
+    yield from serve_in_thread(app, engine, API_KEY)
 
 
 @pytest.fixture(scope="module")

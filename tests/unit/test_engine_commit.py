@@ -112,3 +112,14 @@ def test_shrink_refuses_to_drop_cached_blocks():
     assert req.num_hashed_blocks == 2
     with pytest.raises(ValueError, match="verified"):
         eng.block_manager.shrink(req, 4)
+
+
+def test_step_result_reports_the_committed_positions():
+    runner, eng = make(budget=4)
+    eng.add_request("a", [1, 2, 3, 4, 5, 6], greedy(5))
+    assert eng.execute_step().computed == {"a": range(0, 4)}  # a prefill chunk
+    first = eng.execute_step()
+    assert first.computed == {"a": range(4, 6)} and first.outputs[0].token_ids == [7]
+    eng.requests["a"].spec_token_ids = [8, 50]
+    # 7 and draft 8 verified, 50 rejected: positions 6 and 7 committed, 8 rolled back
+    assert eng.execute_step().computed == {"a": range(6, 8)}
