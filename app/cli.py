@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ["run", "bench", "serve", "chat", "models", "doctor"]
+COMMANDS = ["run", "bench", "serve", "chat", "prefill_worker", "models", "doctor", "two_box"]
 
 
 def version() -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.disagg.peer import PeerConfig
 from app.engine.config import EngineConfig, SchedulerConfig, SpecConfig
 from backends.base import RunnerConfig
 from models.registry import DEFAULT_MODEL
@@ -28,6 +29,8 @@ class EngineArgs:
     spec: speculative decoding (mode, draft cap).
     draft_model: a draft model for speculative decoding (registry name or path), with the
         target's vocabulary; None: no draft model.
+    prefill_peer: a `tandem prefill-worker` that prefills long prompts (two-box mode);
+        None: every prompt is prefilled here.
     Raises ValueError (in `__post_init__`) for values out of range.
     """
 
@@ -38,6 +41,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     spec: SpecConfig = field(default_factory=SpecConfig)
     draft_model: str | None = None
+    prefill_peer: PeerConfig | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in (None, "llamacpp", "mlx"):
@@ -48,6 +52,9 @@ class EngineArgs:
             raise ValueError("model must be given")
         if self.spec.mode == "draft" and not self.draft_model:
             raise ValueError("--spec draft needs --draft-model")
+        if self.prefill_peer is not None and self.draft_model:
+            raise ValueError("--prefill-peer cannot be combined with --draft-model (the draft "
+                             "model's KV would be missing for imported positions)")
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(

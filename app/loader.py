@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.config import EngineArgs
+from app.disagg.peer import PeerConfig
 from app.engine.async_engine import AsyncEngine
 from app.engine.engine import LLMEngine
 from app.engine.residency import MirroredResidency
@@ -40,13 +41,44 @@ def load_engine(args: EngineArgs, *, pull_missing: bool = True) -> AsyncEngine:
     path = resolve_model(args.model, pull_missing=pull_missing)
     runner, backend_name = load_runner(path, backend=args.backend, config=args.runner)
     opened: list[Runner] = [runner]
+    client = None
     try:
         engine = _build(args, runner, Path(path), backend_name, opened, pull_missing)
+        if args.prefill_peer is not None:
+            client = _prefill_client(args.prefill_peer, Path(path), runner)
+            engine.set_remote_prefill(client)
     except BaseException:
+        if client is not None:
+            client.close()
         for r in opened:
             r.close()
         raise
-    return AsyncEngine(engine, display_name(args.model), backend_name)
+    async_engine = AsyncEngine(engine, display_name(args.model), backend_name)
+    if client is not None:
+        client.attach(async_engine)
+    return async_engine
+
+
+def load_prefill_engine(args: EngineArgs, *, pull_missing: bool = True
+                        ) -> tuple[LLMEngine, Path]:
+    """The engine of `tandem prefill-worker` (no speculation, no step thread: the worker
+    drives it) and its model file. Raises as `load_engine`, and ValueError if the backend
+    cannot export KV."""
+    path = Path(resolve_model(args.model, pull_missing=pull_missing))
+    runner, _ = load_runner(path, backend=args.backend, config=args.runner)
+    if not runner.capabilities.kv_transfer:
+        runner.close()
+        raise ValueError("this backend cannot export KV for a decode box")
+    return LLMEngine(runner, args.engine_config()), path
+
+
+def _prefill_client(peer: PeerConfig, path: Path, runner: Runner):
+    from app.disagg.client import PrefillClient
+    from app.disagg.fingerprints import model_fingerprint
+
+    info = runner.info
+    return PrefillClient(peer, model_fingerprint(path), info.n_layers, info.n_kv_heads,
+                         info.head_dim)
 
 
 def _build(args: EngineArgs, runner: Runner, path: Path, backend_name: str,

@@ -21,6 +21,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
+from app.disagg.report import route_summary
 from tui.actions import ChatActions, can_send, open_chat
 from tui.client import ChatClient, ClientError, ContextFullError, ReplyStream
 from tui.config import ChatConfig
@@ -284,6 +285,9 @@ class ChatApp(ChatActions, App[int]):
             cached_tokens=stats.cached_tokens, context_tokens=stats.context_tokens,
             kv=self.client.kv_usage(),
             spec=(stats.accepted_tokens, stats.draft_tokens) if stats.draft_tokens else None,
+            # two-box mode: only a remote prefill is news
+            prefill=route_summary(stats.prefill_route)
+            if stats.prefill_route and stats.prefill_route["remote"] else None,
         )
         self._reply_worker = None  # so the model check below does not see this reply as busy
         self.sync_model()

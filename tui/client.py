@@ -55,6 +55,7 @@ class ReplyStats:
     finish_reason: str | None = None
     draft_tokens: int | None = None  # speculative decoding: drafted, verified by the model
     accepted_tokens: int | None = None  # of those, accepted
+    prefill_route: dict | None = None  # two-box mode: `RequestMetrics.remote_prefill`
 
     @property
     def context_tokens(self) -> int | None:

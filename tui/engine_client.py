@@ -185,6 +185,7 @@ class _EngineReply(ReplyStream):
         self.stats.cached_tokens = metrics.cached_tokens
         self.stats.draft_tokens = metrics.num_draft_tokens
         self.stats.accepted_tokens = metrics.num_accepted_tokens
+        self.stats.prefill_route = metrics.remote_prefill
         if metrics.ttft is not None:
             self.stats.ttft_s = metrics.ttft
         if metrics.decode_tok_s is not None:

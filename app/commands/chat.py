@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from app.commands.engine_flags import COMMON, MODEL, add_engine_args, engine_args_from
+from app.commands.peer_flags import add_peer_args
 from models.registry import DEFAULT_MODEL
 
 ENGINE_FLAGS = tuple(f for f in COMMON if f is not MODEL)
@@ -34,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     # the engine flags of run/serve/bench, for the in-process engine (--model is above)
     add_engine_args(parser, ENGINE_FLAGS)
+    add_peer_args(parser)
     parser.set_defaults(func=run)
 
 

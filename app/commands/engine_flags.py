@@ -124,6 +124,9 @@ def engine_args_from(ns: argparse.Namespace, flags=COMMON, **overrides: Any) -> 
         for part in parents:
             obj = getattr(obj, part)
         setattr(obj, last, value)
+    from app.commands.peer_flags import peer_from
+
+    args.prefill_peer = peer_from(ns)
     args.runner.__post_init__()
     args.spec.__post_init__()
     args.__post_init__()

@@ -8,7 +8,9 @@ import os
 import sys
 
 from app.commands.common import add_model_args, fail, load_engine, user_errors
+from app.commands.peer_flags import add_peer_args
 from app.commands.sampling_flags import add_sampling_args, sampling_values
+from app.disagg.report import route_summary
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--file", "-f", metavar="PATH", default=None,
                    help="read the prompt from this file (default: PROMPT or stdin)")
     add_model_args(p)
+    add_peer_args(p)
     p.add_argument("--system", metavar="TEXT",
                    help="system message, placed by the chat template (default: none)")
     p.add_argument("--raw", action="store_true",
@@ -131,5 +134,5 @@ def _summary(m, finish_reason: str | None) -> str:
         f"TTFT {fmt(m.ttft, 'ms', 1000)} · prefill {fmt(m.prefill_tok_s, 'tok/s')} · "
         f"decode {fmt(m.decode_tok_s, 'tok/s', digits=1)} · prefix-cached {m.cached_tokens} tokens · "
         f"{m.prompt_tokens} prompt + {m.completion_tokens} generated tokens ({finish_reason})"
-        + spec
+        + spec + (f" · {route}" if (route := route_summary(m.remote_prefill)) else "")
     )

@@ -8,6 +8,7 @@ and exits 1.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from app.commands.engine_flags import (
     add_engine_args,
 )
 from app.commands.graceful import GracefulServer, bind_socket
+from app.commands.peer_flags import add_peer_args
 from app.config import EngineArgs
 from models.registry import DEFAULT_MODEL, generation_defaults
 
@@ -40,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_engine_args(p, COMMON + (MAX_CONCURRENCY, MAX_QUEUE),
                     defaults=EngineArgs(model=os.environ.get("TANDEM_MODEL") or DEFAULT_MODEL))
+    add_peer_args(p)
     p.add_argument(
         "--cors-origin",
         nargs="+",
@@ -91,6 +94,12 @@ def run(args: argparse.Namespace) -> int:
     from app.server.app import create_app
     from app.server.limits import uvicorn_options
 
+    # tandem's own loggers (two-box transfers and fallbacks) at the server's level
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("tandem: %(message)s"))
+    logger = logging.getLogger("tandem")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if args.log_level == "trace" else args.log_level.upper())
     spec = args.model
     api_key = args.api_key if args.api_key is not None else os.environ.get("TANDEM_API_KEY")
     try:  # before the model loads: a busy port is reported at once
@@ -130,6 +139,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"tandem: {layout} KV: {d['max_seqs']} sequences x {d['context_length']} "
                   f"tokens, {d['kv_bytes'] / 2**30:.1f} GiB (budget "
                   f"{d['kv_budget_bytes'] / 2**30:.1f} GiB, 1/8 of memory)", flush=True)
+        peer = engine.engine.scheduler.remote
+        if peer is not None:
+            print(f"tandem: two-box: prompts go to the prefill worker at {peer.peer.host}:"
+                  f"{peer.peer.port} (policy {peer.peer.policy.mode}); any failure prefills "
+                  "here", flush=True)
         if layout == "unified":
             print("tandem: note: with --kv-layout unified, output (even at temperature 0) "
                   "may vary with load and cache history", flush=True)

@@ -58,7 +58,8 @@ SCHEMAS: dict[FrameType, dict[str, str]] = {
     FrameType.PREFILL: {"request": _INT, "start": _INT, "tokens": _INTS, "chunk_tokens": _INT},
     FrameType.KV: {"request": _INT, "chunk": _INT, "layer": _INT, "first_pos": _INT,
                    "n_tokens": _INT, "dtype": _STR, "kv_heads": _INT, "head_dim": _INT},
-    FrameType.DONE: {"request": _INT, "chunks": _INT, "frames": _INT, "bytes": _INT},
+    FrameType.DONE: {"request": _INT, "chunks": _INT, "frames": _INT, "bytes": _INT,
+                     "computed": _INT, "prefill_us": _INT},
     FrameType.CANCEL: {"request": _INT},
 }
 

@@ -149,6 +149,15 @@ class AsyncEngine:
     def _abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
 
+    # the two-box client's callbacks (any thread): run on the step thread between steps
+    def remote_kv(self, request_id: str, start: int, kv: list) -> None:
+        """Queue `LLMEngine.import_remote_kv` for the step thread."""
+        self._inbox.put(("remote_kv", request_id, start, kv))
+
+    def remote_end(self, request_id: str, outcome) -> None:
+        """Queue `LLMEngine.end_remote_prefill` for the step thread."""
+        self._inbox.put(("remote_end", request_id, outcome))
+
     def stats(self) -> EngineStats:
         """Snapshot taken at the end of the last step (no lock with the step thread)."""
         return self._stats
@@ -173,6 +182,10 @@ class AsyncEngine:
                 self.engine.add_request(request_id, prompt_ids, params, arrival)
             except Exception as exc:  # noqa: BLE001 - handed to the waiting stream
                 self._deliver_error(request_id, exc)
+        elif kind == "remote_kv":
+            self.engine.import_remote_kv(*cmd[1:])
+        elif kind == "remote_end":
+            self.engine.end_remote_prefill(*cmd[1:])
         elif kind == "abort":
             out = self.engine.abort(cmd[1])
             if out is not None:

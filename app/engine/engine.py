@@ -22,6 +22,7 @@ import numpy as np
 from app.engine.block_manager import BlockManager
 from app.engine.config import EngineConfig, SchedulerConfig
 from app.engine.detokenizer import IncrementalDetokenizer
+from app.engine.remote_prefill import RemoteOutcome, RemotePrefill
 from app.engine.request import Request, RequestStatus
 from app.engine.sampler import distribution, position_rng, sample, seed_key
 from app.engine.scheduler import Scheduler, SchedulerOutput
@@ -35,7 +36,7 @@ from app.engine.types import (
     SamplingParams,
     TokenLogprob,
 )
-from backends.base import BatchItem, KVResidency, Runner
+from backends.base import BatchItem, KVResidency, LayerKV, Runner
 
 __all__ = ["EngineConfig", "LLMEngine", "SchedulerConfig", "StepResult"]
 
@@ -151,6 +152,66 @@ class LLMEngine:
             return None
         self._finish(request, "abort")
         return self._output(request, "", [], None)
+
+    # -- remote prefill (two-box mode; app/engine/remote_prefill.py) ------------------------
+
+    def set_remote_prefill(self, remote: RemotePrefill) -> None:
+        """Attach a prefill peer. Raises ValueError if the runner cannot import KV, or a draft
+        model mirrors the target's KV (its KV would be missing for imported positions)."""
+        if not self.runner.capabilities.kv_transfer:
+            raise ValueError("this backend cannot import KV from a prefill peer")
+        if getattr(self.speculator, "draft", None) is not None:
+            raise ValueError("a prefill peer cannot be combined with a draft model")
+        self.scheduler.remote = remote
+
+    def import_remote_kv(self, request_id: str, start: int, kv: list[LayerKV]) -> bool:
+        """Write one verified chunk of a remote prefill: per layer (K, V) `[n, kv_heads,
+        head_dim]` float16 for positions `start .. start+n-1`. Returns False (and ends the
+        transfer, keeping what was imported) if the request is no longer waiting for it, the
+        chunk does not continue its KV, or the runner refuses it."""
+        r = self.requests.get(request_id)
+        if r is None or r.status is not RequestStatus.REMOTE_PREFILL:
+            return False
+        n = int(kv[0][0].shape[0]) if kv else 0
+        if start != r.num_computed_tokens or n < 1 or start + n > r.num_prompt_tokens - 1:
+            self._remote_failed(r, "out_of_order")
+            return False
+        t0 = time.perf_counter()
+        try:
+            self.runner.import_kv(r.slot, r.block_table, start, kv)
+        except (ValueError, RuntimeError):
+            # a refused load may have cleared the slot: recompute the prompt from scratch
+            self.residency.truncate(r.slot, 0)
+            r.num_computed_tokens = 0
+            self._remote_failed(r, "import")
+            return False
+        r.num_computed_tokens = start + n
+        self.block_manager.cache_full_blocks(r, r.num_computed_tokens)
+        dt = time.perf_counter() - t0
+        info = r.metrics.remote_prefill
+        info["imported_tokens"] = info.get("imported_tokens", 0) + n
+        info["import_s"] = info.get("import_s", 0.0) + dt
+        self.scheduler.remote.observe_import(n, dt)
+        return True
+
+    def end_remote_prefill(self, request_id: str, outcome: RemoteOutcome) -> None:
+        """A remote prefill ended (all chunks imported, or failed): the request computes the
+        rest of its prompt here from the next step on. Ignored if it already ended."""
+        r = self.requests.get(request_id)
+        if r is None or r.status is not RequestStatus.REMOTE_PREFILL:
+            return
+        complete = outcome.ok and r.num_computed_tokens == r.num_prompt_tokens - 1
+        info = r.metrics.remote_prefill
+        info.update(outcome.stats)
+        info["ok"] = complete
+        if not complete:
+            info["failure"] = outcome.reason if not outcome.ok else "incomplete"
+        self.scheduler.resume(r)
+
+    def _remote_failed(self, r: Request, reason: str) -> None:
+        self.scheduler.remote.cancel(r.request_id)
+        r.metrics.remote_prefill.update(ok=False, failure=reason)
+        self.scheduler.resume(r)
 
     # -- the step --------------------------------------------------------------------------
 
@@ -327,6 +388,11 @@ class LLMEngine:
         if metrics.first_token_time is None:
             metrics.first_token_time = now
             self.prompt_tokens_total += request.num_prompt_tokens
+            route = metrics.remote_prefill
+            if route is not None and not route["remote"] and self.scheduler.remote is not None:
+                self.scheduler.remote.observe_local(
+                    request.num_prompt_tokens - metrics.cached_tokens,
+                    now - metrics.first_scheduled_time)
         is_eos = (token in self.eos_ids and not params.ignore_eos) or token in params.stop_token_ids
         text = "" if is_eos else request.detokenizer.push(token)
         if is_eos or request.detokenizer.stopped:
@@ -368,7 +434,9 @@ class LLMEngine:
         )
 
     def close(self) -> None:
-        """Close the runner, and the draft model's if there is one."""
+        """Close the prefill peer's client, the runner, and the draft model's if any."""
+        if self.scheduler.remote is not None:
+            self.scheduler.remote.close()
         self.runner.close()
         draft = getattr(self.speculator, "draft", None)
         if draft is not None:
@@ -379,6 +447,7 @@ class LLMEngine:
         return EngineStats(
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
+            remote_prefilling=len(self.scheduler.remote_prefilling),
             kv_blocks_total=bm.num_blocks,
             kv_blocks_used=bm.num_used_blocks,
             prefix_cache_hit_tokens=bm.hit_tokens_total,

@@ -13,6 +13,7 @@ from app.engine.types import RequestMetrics, SamplingParams
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    REMOTE_PREFILL = "remote_prefill"  # waiting for a prefill peer's KV (two-box mode)
     FINISHED = "finished"
 
 

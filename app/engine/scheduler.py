@@ -10,15 +10,20 @@ change the output.
 Running requests are served first (oldest first); waiting requests are admitted while budget,
 slots and KV blocks last. When blocks run out the newest running request is preempted: its
 blocks are freed (their cached prefix usually survives) and it is recomputed later.
+With a prefill peer (`remote`, the two-box mode) an admitted prompt the peer's policy wants
+is parked in `remote_prefilling` with its slot and blocks until its KV has been imported
+(`app/engine/remote_prefill.py`); it takes no step budget meanwhile.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from app.engine.block_manager import BlockManager
 from app.engine.config import SchedulerConfig
+from app.engine.remote_prefill import RemoteJob, RemotePrefill
 from app.engine.request import Request, RequestStatus
 from app.engine.slots import SlotPool
 from backends.base import KVResidency
@@ -68,6 +73,8 @@ class Scheduler:
         self.residency = residency
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.remote: RemotePrefill | None = None
+        self.remote_prefilling: list[Request] = []
 
     @property
     def has_work(self) -> bool:
@@ -138,6 +145,8 @@ class Scheduler:
             request.num_computed_tokens = num_cached
             if request.num_preemptions == 0:
                 request.metrics.cached_tokens = num_cached
+            if self._start_remote(request, num_cached):
+                continue
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             out.num_scheduled_tokens[request] = num_new
@@ -160,6 +169,32 @@ class Scheduler:
             out.num_scheduled_tokens[request] = num_new + extra
             budget -= extra
         return out
+
+    def _start_remote(self, request: Request, num_cached: int) -> bool:
+        """Hand a just-admitted prompt to the prefill peer if its policy wants it and the
+        blocks for the whole prompt can be allocated now (imports write into them)."""
+        if self.remote is None or request.num_preemptions:
+            return False
+        n = request.num_prompt_tokens - 1  # the last prompt token is always computed here
+        if n <= num_cached:
+            return False
+        go, reason = self.remote.decide(n, num_cached)
+        if go and not self.block_manager.allocate(request, request.num_tokens):
+            go, reason = False, "kv_full"
+        request.metrics.remote_prefill = {"remote": go, "reason": reason}
+        if not go:
+            return False
+        request.status = RequestStatus.REMOTE_PREFILL
+        request.metrics.first_scheduled_time = time.perf_counter()  # its prefill starts now
+        self.remote_prefilling.append(request)
+        self.remote.begin(RemoteJob(request.request_id, request.prompt_ids[:-1], num_cached))
+        return True
+
+    def resume(self, request: Request) -> None:
+        """A remote prefill ended: the request computes the rest of its prompt here."""
+        self.remote_prefilling.remove(request)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
 
     def _prompt_hashes(self, request: Request) -> list[bytes]:
         if request.prompt_block_hashes is None:
@@ -207,6 +242,11 @@ class Scheduler:
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
             self._free(request)
+        elif request.status is RequestStatus.REMOTE_PREFILL:
+            self.remote_prefilling.remove(request)
+            self._free(request)
+            if self.remote is not None:
+                self.remote.cancel(request.request_id)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
         request.status = RequestStatus.FINISHED

@@ -115,6 +115,10 @@ class RequestMetrics:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
+    # two-box mode, set only when a prefill peer is configured: {"remote": bool, "reason":
+    # str} from the policy, then for remote ones "ok", "imported_tokens", "import_s" and
+    # the client's stats (bytes, transfer seconds, link GB/s, overlap fraction)
+    remote_prefill: dict | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -191,3 +195,4 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     requests_finished: int
+    remote_prefilling: int = 0  # requests waiting for a prefill peer's KV (two-box mode)

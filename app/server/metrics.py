@@ -8,7 +8,10 @@ Two sources:
   KV blocks total/used/free, and the engine's cumulative prompt, generation and prefix-cache
   hit token counters. Nothing is polled in the background;
 - a speculative-decoding collector reading the engine's speculator stats at scrape time
-  (`tandem_spec_*`, see `app.server.spec_metrics`).
+  (`tandem_spec_*`, see `app.server.spec_metrics`);
+- two-box mode, per finished sequence with a prefill peer configured: where its prompt was
+  prefilled and why, remote prefills that fell back by reason, KV bytes and tokens
+  received (`tandem_prefill_route`, `tandem_remote_prefill_*`).
 
 Names are `tandem_*`, units in the name (`_seconds`, `_tokens`), as Prometheus advises.
 """
@@ -120,17 +123,49 @@ class ServerMetrics:
             registry=self.registry,
         )
 
+        self.prefill_route = Counter(
+            "tandem_prefill_route",
+            "Prompts by where they were prefilled (two-box mode: remote or local) and why.",
+            ["route", "reason"],
+            registry=self.registry,
+        )
+        self.remote_fallbacks = Counter(
+            "tandem_remote_prefill_fallbacks",
+            "Remote prefills that failed and were finished locally, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.remote_bytes = Counter(
+            "tandem_remote_prefill_kv_bytes", "KV bytes received from the prefill peer.",
+            registry=self.registry,
+        )
+        self.remote_tokens = Counter(
+            "tandem_remote_prefill_imported_tokens",
+            "Prompt tokens whose KV was imported from the prefill peer.",
+            registry=self.registry,
+        )
+
     def observe_finished(self, finish_reason: str | None, m: RequestMetrics | None) -> None:
         """Record one finished sequence (its timings come from the engine's metrics)."""
         self.finished.labels(finish_reason or "unknown").inc()
         if m is None:
             return
+        if m.remote_prefill is not None:
+            self._observe_route(m.remote_prefill)
         if m.ttft is not None:
             self.ttft.observe(max(m.ttft, 0.0))
         if m.tpot is not None:
             self.tpot.observe(max(m.tpot, 0.0))
         if m.finish_time is not None:
             self.e2e.observe(max(m.finish_time - m.arrival_time, 0.0))
+
+    def _observe_route(self, route: dict) -> None:
+        self.prefill_route.labels("remote" if route["remote"] else "local",
+                                  route["reason"]).inc()
+        if "failure" in route:
+            self.remote_fallbacks.labels(route["failure"]).inc()
+        self.remote_bytes.inc(route.get("bytes", 0))
+        self.remote_tokens.inc(route.get("imported_tokens", 0))
 
     def observe_response(self, path: str, status: int) -> None:
         self.http_responses.labels(path if path in KNOWN_PATHS else "other", str(status)).inc()

@@ -91,7 +91,8 @@ class SeqState:
     context (1 unified, n_seq_max split); must equal the loading context's. stream: the
     stream holding the cells (None when there are none). positions: int32 `[cells]`.
     v_trans: V saved transposed (flash attention off). keys / values: per layer float16
-    `[cells, kv_heads, head_dim]` (V un-transposed here).
+    `[cells, kv_heads, head_dim]` (V un-transposed here), or a tuple of such arrays to be
+    written one after the other (`concat_states`).
     """
 
     seq_id: int
@@ -176,33 +177,64 @@ def _check_type(which: str, ggml_type: int, row_bytes: int, want: int) -> None:
         raise ValueError(f"{which} row is {row_bytes} bytes, the model shape implies {want}")
 
 
+def _segments(x) -> tuple:
+    return x if isinstance(x, tuple) else (x,)
+
+
 def build_state(state: SeqState) -> bytearray:
     """The blob `parse_state` reads back as `state`: the exact inverse (parse -> build
-    reproduces llama.cpp's bytes). A bytearray, so ctypes can load it without a copy."""
+    reproduces llama.cpp's bytes). Written into one preallocated bytearray (ctypes loads it
+    without a copy); a layer given as segments (`concat_states`) is written segment by
+    segment, so appending a chunk copies the sequence's KV once, not three times."""
     cells = len(state.positions)
-    parts: list[bytes | memoryview] = [struct.pack("<IiI", STATE_MAGIC, state.seq_id,
-                                                   state.n_stream)]
+    head = struct.pack("<IiI", STATE_MAGIC, state.seq_id, state.n_stream)
+    layers = list(zip(state.keys, state.values, strict=True))
+    per_layer = 0
+    if cells and layers:
+        k0 = _segments(layers[0][0])[0]
+        per_layer = 2 * (12 + cells * k0.shape[1] * k0.shape[2] * 2)
+    size = len(head) + 4 * state.n_stream + (
+        12 * cells + 8 + per_layer * len(layers) if cells else 0)
+    out = bytearray(size)
+    buf = np.frombuffer(out, np.uint8)
+    off = 0
+
+    def put(data) -> None:
+        nonlocal off
+        raw = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else (
+            np.ascontiguousarray(data, _F16).reshape(-1).view(np.uint8))
+        buf[off:off + raw.size] = raw
+        off += raw.size
+
+    put(head)
     for s in range(state.n_stream):
         if s != state.stream or cells == 0:
-            parts.append(struct.pack("<I", 0))
+            put(struct.pack("<I", 0))
             continue
         meta = np.empty((cells, 3), "<i4")
         meta[:, 0], meta[:, 1], meta[:, 2] = state.positions, 1, state.seq_id
-        parts += [struct.pack("<I", cells), meta.tobytes(),
-                  struct.pack("<II", int(state.v_trans), len(state.keys))]
+        put(struct.pack("<I", cells))
+        put(meta.tobytes())
+        put(struct.pack("<II", int(state.v_trans), len(state.keys)))
         for k in state.keys:
-            width = k.shape[1] * k.shape[2]
-            parts += [struct.pack("<iQ", GGML_TYPE_F16, width * 2),
-                      np.ascontiguousarray(k, _F16).tobytes()]
+            segs = _segments(k)
+            put(struct.pack("<iQ", GGML_TYPE_F16, segs[0].shape[1] * segs[0].shape[2] * 2))
+            for seg in segs:
+                put(seg)
         for v in state.values:
-            width = v.shape[1] * v.shape[2]
+            segs = _segments(v)
+            w = segs[0].shape[1] * segs[0].shape[2]
             if state.v_trans:
-                parts += [struct.pack("<iII", GGML_TYPE_F16, 2, width),
-                          np.ascontiguousarray(v.reshape(cells, width).T, _F16).tobytes()]
+                full = np.concatenate(segs) if len(segs) > 1 else segs[0]
+                put(struct.pack("<iII", GGML_TYPE_F16, 2, w))
+                put(np.ascontiguousarray(full.reshape(cells, w).T, _F16))
             else:
-                parts += [struct.pack("<iQ", GGML_TYPE_F16, width * 2),
-                          np.ascontiguousarray(v, _F16).tobytes()]
-    return bytearray(b"".join(parts))
+                put(struct.pack("<iQ", GGML_TYPE_F16, w * 2))
+                for seg in segs:
+                    put(seg)
+    if off != size:
+        raise ValueError(f"state of {off} bytes, expected {size}")
+    return out
 
 
 def to_neutral(state: SeqState, start: int, n: int, interleaved: bool,
@@ -249,7 +281,8 @@ def from_neutral(kv: list[LayerKV], start: int, *, seq_id: int, n_stream: int, s
 def concat_states(head: SeqState, tail: SeqState) -> SeqState:
     """`head`'s cells followed by `tail`'s (same context layout), for appending a chunk to a
     sequence: llama.cpp's load first clears its destination, so a sequence's KV is reloaded
-    whole. Raises ValueError if layouts or layer counts differ."""
+    whole. Layers come back as (head, tail) segments, copied only by `build_state`. Raises
+    ValueError if layouts or layer counts differ."""
     if head.stream is None or not len(head.positions):
         return tail
     if (head.n_stream, head.stream, head.v_trans, len(head.keys)) != (
@@ -258,5 +291,6 @@ def concat_states(head: SeqState, tail: SeqState) -> SeqState:
     return SeqState(
         tail.seq_id, tail.n_stream, tail.stream,
         np.concatenate([head.positions, tail.positions]), tail.v_trans,
-        [np.concatenate([a, b]) for a, b in zip(head.keys, tail.keys, strict=True)],
-        [np.concatenate([a, b]) for a, b in zip(head.values, tail.values, strict=True)])
+        [(*_segments(a), *_segments(b)) for a, b in zip(head.keys, tail.keys, strict=True)],
+        [(*_segments(a), *_segments(b)) for a, b in zip(head.values, tail.values,
+                                                        strict=True)])

@@ -65,6 +65,22 @@ class FakeRunner:
         pass
 
 
+class TransferRunner(FakeRunner):
+    """A FakeRunner that imports KV (records `("import", slot, start, n)`); `refuse_import`
+    makes the next import raise like a runner refusing a state."""
+
+    capabilities = RunnerCapabilities(exact_truncate=True, kv_transfer=True)
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.refuse_import = False
+
+    def import_kv(self, slot, block_table, start, kv):
+        if self.refuse_import:
+            raise RuntimeError("llama.cpp refused the imported KV state")
+        self.calls.append(("import", slot, start, kv[0][0].shape[0]))
+
+
 class ScriptedRunner(FakeRunner):
     """A runner whose model follows a script.
 

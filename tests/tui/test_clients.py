@@ -10,6 +10,7 @@ import socket
 import httpx
 import pytest
 
+from app.disagg.report import route_summary
 from tui.chat_settings import ChatSettings
 from tui.client import ClientError, ContextFullError
 from tui.engine_client import EngineClient
@@ -113,6 +114,17 @@ def test_status_line_and_helpers():
     spec = StatusInfo("llamacpp", "smol", "ready", spec=(45, 60))
     assert format_status(spec).endswith(" │ drafts 45/60 accepted")
     assert "drafts" not in format_status(StatusInfo(spec=(0, 0)))
+    remote = StatusInfo("llamacpp", "smol", "ready", prefill=route_summary(
+        {"remote": True, "reason": "faster", "ok": True, "imported_tokens": 2047,
+         "bytes": 47_162_880}))
+    assert format_status(remote).endswith(
+        " │ KV – │ prefilled remotely (2047 tokens, 47.2 MB of KV)")
+    assert route_summary({"remote": True, "reason": "always", "ok": False,
+                          "failure": "frame_timeout", "imported_tokens": 512}) == (
+        "remote prefill failed (frame_timeout) after 512 tokens")
+    assert route_summary({"remote": False, "reason": "short_prompt"}) == (
+        "prefilled here (short_prompt)")
+    assert route_summary(None) is None
     assert last_code_block("a\n```py\nx = 1\n```\nb\n~~~\ny\n~~~\n") == "y\n"
     assert last_code_block("no code") is None
     assert title_from("a very long first message that goes on and on forever", 20) == "a very long first…"

@@ -205,3 +205,27 @@ def test_mlx_hint_names_the_installer(monkeypatch: pytest.MonkeyPatch) -> None:
         "backend 'mlx' requested but mlx/mlx-lm are not installed (from the clone: bash "
         "installers/install.sh (on Linux: --dev, MLX's CPU build), or .venv/bin/pip install "
         "-e '.[mlx]')")
+
+
+def test_prefill_worker_off_loopback_needs_a_secret(tmp_path) -> None:
+    r = tandem("prefill-worker", "--host", "0.0.0.0")
+    assert r.returncode == 2
+    assert r.stderr.startswith("tandem prefill-worker: binding 0.0.0.0 exposes this "
+                               "machine's model to the network: pass --secret-file")
+    short = tmp_path / "secret"
+    short.write_text("tooshort\n")
+    r = tandem("prefill-worker", "--host", "0.0.0.0", "--secret-file", str(short))
+    assert r.returncode == 2
+    assert f"the secret in {short} is 8 bytes; at least 16 are needed" in r.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--prefill-peer", "spark"], "--prefill-peer must be HOST:PORT, not 'spark'"),
+    (["--prefill-peer", "10.0.0.2:7070"], "a prefill peer at 10.0.0.2 needs --secret-file"),
+    (["--secret-file", "/nonexistent"], "--secret-file is for --prefill-peer, which is not "
+                                        "given"),
+])
+def test_prefill_peer_flag_errors(flags, message) -> None:
+    r = tandem("run", *flags, "hello")
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"tandem: error: {message}")

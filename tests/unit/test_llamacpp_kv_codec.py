@@ -128,7 +128,14 @@ def test_concat_appends_a_chunk():
     head, tail = _state([0, 1]), _state([2])
     both = kvt.concat_states(head, tail)
     assert both.positions.tolist() == [0, 1, 2]
-    assert np.array_equal(both.keys[1][2], tail.keys[1][0])
+    assert np.array_equal(np.concatenate(both.keys[1])[2], tail.keys[1][0])
+    # written as one sequence: the blob of the concatenation is the blob of all three cells
+    for v_trans in (False, True):
+        h, t = _state([0, 1], v_trans=v_trans), _state([2], v_trans=v_trans)
+        whole = kvt.SeqState(t.seq_id, t.n_stream, t.stream, np.array([0, 1, 2], np.int32),
+                             v_trans, [np.concatenate([a, b]) for a, b in zip(h.keys, t.keys, strict=True)],
+                             [np.concatenate([a, b]) for a, b in zip(h.values, t.values, strict=True)])
+        assert bytes(kvt.build_state(kvt.concat_states(h, t))) == bytes(kvt.build_state(whole))
     assert kvt.concat_states(kvt.SeqState(7, 1, None, np.zeros(0, np.int32), False, [], []),
                              tail) is tail
     with pytest.raises(ValueError, match="different context layouts"):

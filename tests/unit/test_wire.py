@@ -128,9 +128,12 @@ async def test_garbage_is_refused(data, code):
 
 @pytest.mark.parametrize("header, match", [
     ({"request": 1}, "must have"),
-    ({"request": -1, "chunks": 0, "frames": 0, "bytes": 0}, "request must be int"),
-    ({"request": True, "chunks": 0, "frames": 0, "bytes": 0}, "request must be int"),
-    ({"request": 1, "chunks": 0, "frames": 0, "bytes": 0, "extra": 1}, "must have"),
+    ({"request": -1, "chunks": 0, "frames": 0, "bytes": 0, "computed": 0, "prefill_us": 0},
+     "request must be int"),
+    ({"request": True, "chunks": 0, "frames": 0, "bytes": 0, "computed": 0, "prefill_us": 0},
+     "request must be int"),
+    ({"request": 1, "chunks": 0, "frames": 0, "bytes": 0, "computed": 0, "prefill_us": 0,
+      "extra": 1}, "must have"),
 ])
 def test_header_schema(header, match):
     with pytest.raises(ProtocolError, match=match):

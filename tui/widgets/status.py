@@ -26,6 +26,7 @@ class StatusInfo:
     cached_tokens: int | None = None
     kv: tuple[int, int] | None = None
     spec: tuple[int, int] | None = None  # speculative decoding: (accepted, drafted) tokens
+    prefill: str | None = None  # two-box mode: where the last prompt was prefilled
 
 
 _STATE_MARK = {"loading": "◌", "ready": "●", "generating": "▶", "error": "✖"}
@@ -37,7 +38,8 @@ def _n(value: int | None) -> str:
 
 def format_status(info: StatusInfo) -> str:
     """The status line, e.g. `● llamacpp · smollm2 │ TTFT 42 ms │ 118.0 tok/s │ ctx 812/8192 │
-    cached 768 │ KV 52/512`, and `│ drafts 45/60 accepted` after a reply that drafted."""
+    cached 768 │ KV 52/512`, and `│ drafts 45/60 accepted` after a reply that drafted, `│
+    prefilled remotely (2047 tokens, 47.2 MB of KV)` with a prefill peer."""
     ttft = "–" if info.ttft_s is None else f"{info.ttft_s * 1000:.0f} ms"
     rate = "–" if info.decode_tok_s is None else f"{info.decode_tok_s:.1f}"
     kv = "–" if info.kv is None else f"{info.kv[0]}/{info.kv[1]}"
@@ -51,6 +53,8 @@ def format_status(info: StatusInfo) -> str:
     ]
     if info.spec is not None and info.spec[1]:
         parts.append(f"drafts {info.spec[0]}/{info.spec[1]} accepted")
+    if info.prefill is not None:
+        parts.append(info.prefill)
     return " │ ".join(parts)
 
 

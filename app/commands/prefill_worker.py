@@ -1,0 +1,92 @@
+"""`tandem prefill-worker`: prefill prompts for a decode box and stream their KV (two-box
+mode; protocol in docs/two-box.md).
+
+Binds 127.0.0.1:7070 by default; any other address needs `--secret-file`. Ctrl+C or SIGTERM
+stop it; a decode box mid-transfer then prefills the rest itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from app.commands.common import port_number, user_errors
+from app.commands.engine_flags import (
+    BACKEND,
+    CTX_SIZE,
+    MODEL,
+    THREADS,
+    add_engine_args,
+    engine_args_from,
+)
+from app.commands.peer_flags import add_secret_arg
+from app.disagg.peer import DEFAULT_PORT, check_bind, read_secret
+
+FLAGS = (MODEL, BACKEND, CTX_SIZE, THREADS)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "prefill-worker",
+        help="prefill prompts for another machine (two-box mode)",
+        description="Prefill prompts sent by a `tandem serve/chat/run --prefill-peer` on "
+        "another machine and stream their KV cache to it while computing. Both machines "
+        "must run the same model file.")
+    add_engine_args(p, FLAGS)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default: 127.0.0.1; others need --secret-file)")
+    p.add_argument("--port", type=port_number, default=DEFAULT_PORT,
+                   help=f"TCP port (default: {DEFAULT_PORT})")
+    add_secret_arg(p)
+    p.add_argument("--log-level", default="info", choices=("error", "warning", "info", "debug"),
+                   help="log level (default: info)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="tandem: %(message)s",
+                        stream=sys.stderr)
+    try:
+        secret = read_secret(args.secret_file)
+        check_bind(args.host, secret)
+        engine_args = engine_args_from(args, FLAGS, runner__max_seqs=1)
+    except ValueError as exc:
+        print(f"tandem prefill-worker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_serve(args, engine_args, secret))
+    except user_errors() as exc:
+        print(f"tandem prefill-worker: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _serve(args, engine_args, secret: bytes) -> int:
+    from app.disagg.fingerprints import model_fingerprint
+    from app.disagg.worker import PrefillWorker
+    from app.loader import display_name, load_prefill_engine
+
+    engine, path = load_prefill_engine(engine_args)
+    worker = PrefillWorker(engine, model_fingerprint(path), secret)
+    try:
+        try:
+            server = await worker.serve(args.host, args.port)
+        except OSError as exc:
+            print(f"tandem prefill-worker: cannot listen on {args.host}:{args.port}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return 1
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        shown = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"tandem: prefill worker for {display_name(engine_args.model)} listening on "
+              f"{shown}:{args.port}" + (" (secret required)" if secret else
+                                        " (loopback, no secret)"), flush=True)
+        async with server:
+            await stop.wait()
+        return 0
+    finally:
+        worker.close()

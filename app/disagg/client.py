@@ -1,0 +1,298 @@
+"""The decode box's two-box client: `app.engine.remote_prefill.RemotePrefill` over TCP.
+
+It runs its own event loop in a thread ("tandem-kv-client"), so frames are read, verified
+and assembled without touching the step thread, which keeps decoding the other streams.
+Per remote prefill: connect, handshake, PREFILL, then KV frames; a chunk whose frames have
+all arrived verified (each frame's HMAC tag, the layer order, positions and shape checked)
+is handed to the step thread at once (`sink.remote_kv`), so imports overlap the peer's
+compute; DONE's counts are checked against what arrived before `sink.remote_end(ok=True)`.
+
+Any failure (refused connection, deadline, handshake or fingerprint mismatch, bad tag, a
+forged or short frame, the peer's ERROR or death) ends the transfer with
+`sink.remote_end(ok=False, reason)`: the chunks already imported stay, the rest is
+prefilled locally, and the policy's circuit breaker backs off (`policy.PrefillPolicy`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from typing import Protocol
+
+import numpy as np
+
+from app.disagg.handshake import client_handshake
+from app.disagg.peer import PeerConfig
+from app.disagg.policy import PrefillPolicy
+from app.disagg.wire import (
+    MAX_PAYLOAD_BYTES,
+    FrameType,
+    ProtocolError,
+    decode_kv,
+    encode_parts,
+    read_frame,
+    write_frame,
+)
+from app.engine.remote_prefill import RemoteJob, RemoteOutcome
+from models.fingerprint import ModelFingerprint
+
+log = logging.getLogger("tandem.two_box")
+
+# ProtocolError codes -> fallback reasons counted in /metrics
+_TRUNCATED = "peer_closed"
+
+
+class KVSink(Protocol):
+    """Where verified chunks go: the step thread's inbox (`AsyncEngine`)."""
+
+    def remote_kv(self, request_id: str, start: int, kv: list) -> None: ...
+
+    def remote_end(self, request_id: str, outcome: RemoteOutcome) -> None: ...
+
+
+class _Deadline(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class PrefillClient:
+    """Args:
+        peer: address, secret, deadlines, policy settings.
+        fingerprint: the local model's (the peer must match it field by field).
+        n_layers, n_kv_heads, head_dim: the local KV shape every chunk must have.
+        sink: receives chunks and outcomes (set later with `attach` if None).
+    `policy` holds the estimates; `counters` counts outcomes ("ok", or the failure reason).
+    """
+
+    def __init__(self, peer: PeerConfig, fingerprint: ModelFingerprint, n_layers: int,
+                 n_kv_heads: int, head_dim: int, sink: KVSink | None = None,
+                 max_payload: int = MAX_PAYLOAD_BYTES):
+        self.peer = peer
+        self.fingerprint = fingerprint
+        self.shape = (n_layers, n_kv_heads, head_dim)
+        self.sink = sink
+        self.max_payload = max_payload
+        self.policy = PrefillPolicy(peer.policy, 2 * n_layers * n_kv_heads * head_dim * 2)
+        self.counters: dict[str, int] = {}
+        self._jobs: dict[str, Future] = {}
+        self._next_request = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tandem-kv-client",
+                                        daemon=True)
+        self._thread.start()
+
+    def attach(self, sink: KVSink) -> None:
+        self.sink = sink
+
+    # -- RemotePrefill (called on the step thread) -----------------------------------------
+
+    def decide(self, num_tokens: int, num_cached: int) -> tuple[bool, str]:
+        return self.policy.decide(num_tokens, num_cached)
+
+    def observe_local(self, num_tokens: int, seconds: float) -> None:
+        self.policy.observe_local(num_tokens, seconds)
+
+    def observe_import(self, num_tokens: int, seconds: float) -> None:
+        self.policy.observe_import(num_tokens, seconds)
+
+    def begin(self, job: RemoteJob) -> None:
+        self._next_request += 1
+        fut = asyncio.run_coroutine_threadsafe(self._transfer(job, self._next_request),
+                                               self._loop)
+        self._jobs[job.request_id] = fut
+        fut.add_done_callback(lambda _: self._jobs.pop(job.request_id, None))
+
+    def cancel(self, request_id: str) -> None:
+        fut = self._jobs.pop(request_id, None)
+        if fut is not None:
+            fut.cancel()  # cancels the task in the client's loop; it sends CANCEL
+
+    def close(self) -> None:
+        for request_id in list(self._jobs):
+            self.cancel(request_id)
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    # -- the transfer (client thread) ------------------------------------------------------
+
+    def _count(self, outcome: str) -> None:
+        self.counters[outcome] = self.counters.get(outcome, 0) + 1
+
+    async def _transfer(self, job: RemoteJob, request: int) -> None:
+        stats: dict = {"bytes": 0, "frames": 0, "chunks": 0}
+        writer = None
+        try:
+            writer = await self._stream(job, request, stats)
+            outcome = RemoteOutcome(True, "ok", stats)
+            self.policy.observe_remote(stats)
+        except asyncio.CancelledError:
+            if writer is None:
+                writer = stats.pop("_writer", None)
+            if writer is not None:
+                try:  # tell the worker to free the request; best effort
+                    await asyncio.wait_for(write_frame(writer, encode_parts(
+                        FrameType.CANCEL, {"request": request}, key=stats["_key"])), 0.5)
+                except (Exception, asyncio.CancelledError):  # noqa: BLE001
+                    pass
+            self._count("cancelled")
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure falls back to local prefill
+            reason = _reason(e)
+            stats["detail"] = str(e)
+            log.warning("remote prefill failed (%s): %s; prefilling locally", reason, e)
+            self.policy.observe_failure(reason)
+            outcome = RemoteOutcome(False, reason, stats)
+        finally:
+            w = writer or stats.pop("_writer", None)
+            if w is not None:
+                w.close()
+        stats.pop("_writer", None)
+        stats.pop("_key", None)
+        if outcome.ok:
+            log.info("remote prefill of %d tokens: %.1f MB in %.3f s (worker %.3f s, "
+                     "first frame at %.0f%%), link %.2f GB/s, overlap %.2f",
+                     len(job.token_ids) - job.start, stats["bytes"] / 1e6,
+                     stats["transfer_s"], stats["worker_prefill_s"],
+                     100 * (stats.get("first_frame_fraction") or 0),
+                     stats.get("link_gbps") or 0, stats.get("overlap") or 0)
+        self._count("ok" if outcome.ok else outcome.reason)
+        self.sink.remote_end(job.request_id, outcome)
+
+    async def _stream(self, job: RemoteJob, request: int, stats: dict):
+        p = self.peer
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(p.connect_timeout_s):
+                reader, writer = await asyncio.open_connection(p.host, p.port)
+                stats["_writer"] = writer
+                sock = writer.get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                session = await client_handshake(reader, writer, p.secret, self.fingerprint)
+        except TimeoutError:
+            raise _Deadline("connect_timeout", f"no handshake with {p.host}:{p.port} within "
+                        f"{p.connect_timeout_s} s") from None
+        key = session.key
+        stats["_key"] = key
+        stats["setup_s"] = time.perf_counter() - t0
+        n_layers, heads, dim = self.shape
+        await write_frame(writer, encode_parts(FrameType.PREFILL, {
+            "request": request, "start": job.start, "tokens": job.token_ids,
+            "chunk_tokens": p.policy.chunk_tokens}, key=key))
+        t_sent = time.perf_counter()
+        pos, chunk, layers = job.start, 0, []
+        arrivals: list[tuple[float, int]] = []  # (seconds since PREFILL, bytes)
+        burst_bps: list[float] = []  # per chunk: bytes after its first frame / seconds
+        chunk_t0 = last_chunk_at = slowest_chunk = 0.0
+        # the worker computes a chunk before the first frame: allow twice the time its
+        # measured speed predicts for one, on top of the fixed deadline
+        rate = self.policy.remote_rate
+        first_chunk = min(len(job.token_ids), p.policy.chunk_tokens) / rate if rate else 0.0
+        timeout, reason = p.first_frame_timeout_s + 2 * first_chunk, "first_frame_timeout"
+        while True:
+            try:
+                async with asyncio.timeout(timeout):
+                    frame = await read_frame(reader, key, self.max_payload)
+            except TimeoutError:
+                stats["deadline_s"] = timeout
+                raise _Deadline(reason, f"no frame from the peer within {timeout:.1f} s") \
+                    from None
+            now = time.perf_counter() - t_sent
+            if not layers:  # a chunk starts: the worker computed it since the last one
+                slowest_chunk = max(slowest_chunk, now - last_chunk_at)
+                last_chunk_at = now
+            # a later chunk may take a little longer (attention grows): allow twice the
+            # slowest so far on top of the fixed gap
+            timeout, reason = p.frame_timeout_s + 2 * slowest_chunk, "frame_timeout"
+            if frame.type == FrameType.ERROR:
+                raise ProtocolError("peer", f"peer: {frame.header['message']}",
+                                    detail=frame.header["code"])
+            if frame.type == FrameType.DONE:
+                self._check_done(frame.header, request, stats, pos, len(job.token_ids),
+                                 bool(layers))
+                break
+            if frame.type != FrameType.KV:
+                raise ProtocolError("type", f"unexpected {frame.type.name} frame")
+            kv = decode_kv(frame)
+            want = (request, chunk, len(layers), pos, heads, dim)
+            got = (kv.request, kv.chunk, kv.layer, kv.first_pos, kv.kv_heads, kv.head_dim)
+            if got != want or kv.n_tokens < 1 or (layers and kv.n_tokens != len(layers[0][0])) \
+                    or pos + kv.n_tokens > len(job.token_ids):
+                raise ProtocolError("sequence", f"KV frame (request, chunk, layer, first_pos, "
+                                    f"kv_heads, head_dim) = {got}, expected {want}")
+            shape = (kv.n_tokens, heads, dim)
+            layers.append((np.frombuffer(kv.k, np.float16).reshape(shape),
+                           np.frombuffer(kv.v, np.float16).reshape(shape)))
+            size = len(frame.payload)
+            stats["bytes"] += size
+            stats["frames"] += 1
+            arrivals.append((now, size))
+            if "first_frame_s" not in stats:
+                stats["first_frame_s"] = now
+            if len(layers) == 1:
+                chunk_t0, chunk_bytes = now, 0
+            else:
+                chunk_bytes += size
+            if len(layers) == n_layers:
+                if now > chunk_t0 and chunk_bytes:
+                    burst_bps.append(chunk_bytes / (now - chunk_t0))
+                self.sink.remote_kv(job.request_id, pos, layers)
+                pos += kv.n_tokens
+                chunk += 1
+                layers = []
+                stats["chunks"] = chunk
+        done = time.perf_counter() - t_sent
+        stats["transfer_s"] = done
+        _derive(stats, arrivals, burst_bps, done)
+        return writer
+
+    def _check_done(self, h: dict, request: int, stats: dict, pos: int, n: int,
+                    partial: bool) -> None:
+        got = (h["request"], h["chunks"], h["frames"], h["bytes"])
+        want = (request, stats["chunks"], stats["frames"], stats["bytes"])
+        if got != want or partial or pos != n:
+            raise ProtocolError("count", f"DONE says (request, chunks, frames, bytes) = {got}; "
+                                f"received {want}, positions up to {pos} of {n}")
+        stats["worker_prefill_s"] = h["prefill_us"] / 1e6
+        stats["worker_tokens"] = h["computed"]
+
+
+def _derive(stats: dict, arrivals: list[tuple[float, int]], burst_bps: list[float],
+            done: float) -> None:
+    """Link speed and overlap from the arrivals. link_gbps: median over chunks of the rate at
+    which a chunk's frames arrived after its first (the worker sends a chunk's frames back to
+    back, so this is the link, not the compute). overlap: the fraction of the serial transfer
+    time (bytes / link) hidden behind the worker's compute, 1 - exposed / serial, where
+    exposed is DONE's arrival minus the end of the worker's prefill (shared/notes/two-box.md
+    §6 metrics)."""
+    if burst_bps:
+        stats["link_gbps"] = float(np.median(burst_bps)) / 1e9
+    worker = stats.get("worker_prefill_s")
+    if worker is None or not stats["bytes"]:
+        return
+    stats["exposed_s"] = max(0.0, done - worker)
+    stats["first_frame_fraction"] = stats["first_frame_s"] / worker if worker else None
+    if stats.get("link_gbps"):
+        serial = stats["bytes"] / (stats["link_gbps"] * 1e9)
+        stats["overlap"] = max(0.0, 1.0 - stats["exposed_s"] / serial) if serial else None
+
+
+def _reason(e: BaseException) -> str:
+    """The fallback reason a failure is counted under."""
+    if isinstance(e, _Deadline):
+        return e.reason
+    if isinstance(e, ProtocolError):
+        if e.code == "peer":
+            return e.detail or "peer_error"
+        return _TRUNCATED if e.code == "truncated" else e.code
+    if isinstance(e, ConnectionRefusedError):
+        return "refused"
+    if isinstance(e, ConnectionError | OSError):
+        return _TRUNCATED
+    return "error"

@@ -1,0 +1,156 @@
+"""When to prefill on the peer: a cost model fed by measurements, and a circuit breaker.
+
+Remote pays when `remote_s(n_total, n_uncached) < local_s(n_uncached)`, with
+
+    local_s  = n_uncached / local_rate
+    remote_s = setup_s + n_total / remote_rate + tail * (bytes_per_token / link_bps
+                                                        + import_s_per_token)
+
+`tail` = the last chunk's tokens: earlier chunks travel and are imported while the peer
+computes the next one, the last one cannot hide (shared/notes/two-box.md §1, "when does
+going remote pay"). The worker recomputes the whole prompt, cached part included, unless its
+own prefix cache has it, hence `n_total`. Every rate is an exponentially weighted mean of
+measurements: local prefills (the engine reports them), remote ones (the client's stats),
+setup = connect + handshake. Until both prefill rates are known a long enough prompt goes
+remote once to measure it ("probe").
+
+Circuit breaker: after a failure the peer is not tried for `backoff_s`, doubling with each
+consecutive failure up to `max_backoff_s`; a success resets it (the notes' 5 s -> 5 min).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+EWMA_WEIGHT = 0.3  # weight of the newest measurement
+MARGIN = 1.1  # remote must be predicted at least 10% faster: its estimate is the noisier
+MIN_OBSERVED_TOKENS = 128  # shorter local prefills measure step overhead, not prefill speed
+
+
+def _ewma(old: float | None, new: float) -> float:
+    return new if old is None else (1 - EWMA_WEIGHT) * old + EWMA_WEIGHT * new
+
+
+@dataclass(slots=True)
+class PolicyConfig:
+    """mode: "auto" (the cost model) or "always" (every prompt with an uncached part, unless
+    the breaker is open). min_tokens: in "auto", prompts with fewer uncached tokens stay
+    local. chunk_tokens: tokens per chunk the peer streams (the tail that cannot hide).
+    backoff_s / max_backoff_s: circuit breaker intervals, seconds."""
+
+    mode: str = "auto"
+    min_tokens: int = 256
+    chunk_tokens: int = 512
+    backoff_s: float = 5.0
+    max_backoff_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("auto", "always"):
+            raise ValueError(f"prefill policy must be auto or always, not {self.mode!r}")
+        if self.min_tokens < 1 or self.chunk_tokens < 1:
+            raise ValueError("min_tokens and chunk_tokens must be at least 1")
+        if not 0 <= self.backoff_s <= self.max_backoff_s:
+            raise ValueError("backoff_s must be in 0..max_backoff_s")
+
+
+class PrefillPolicy:
+    """Thread-safe: `decide` runs on the step thread, the observations on the client's.
+
+    Args:
+        config: mode, thresholds, breaker.
+        bytes_per_token: KV bytes one token puts on the wire (all layers, K and V).
+        clock: seconds, monotonic (tests pass a fake).
+    """
+
+    def __init__(self, config: PolicyConfig, bytes_per_token: int, clock=time.monotonic):
+        self.config = config
+        self.bytes_per_token = bytes_per_token
+        self.clock = clock
+        self._lock = threading.Lock()
+        self.local_rate: float | None = None  # tokens/s
+        self.remote_rate: float | None = None  # tokens/s, the peer's prefill
+        self.setup_s: float | None = None  # connect + handshake
+        self.link_bps: float | None = None  # bytes/s
+        self.import_s_per_token: float | None = None
+        self.failures = 0
+        self.open_until = 0.0
+
+    # -- the decision ----------------------------------------------------------------------
+
+    def predict(self, n_total: int, n_uncached: int) -> tuple[float, float] | None:
+        """(local seconds, remote seconds), or None while a prefill rate is unknown."""
+        if self.local_rate is None or self.remote_rate is None:
+            return None
+        tail = min(n_uncached, self.config.chunk_tokens)
+        per_token = (self.bytes_per_token / self.link_bps if self.link_bps else 0.0) + (
+            self.import_s_per_token or 0.0)
+        remote = (self.setup_s or 0.0) + n_total / self.remote_rate + tail * per_token
+        return n_uncached / self.local_rate, remote
+
+    def decide(self, n_total: int, n_cached: int) -> tuple[bool, str]:
+        """(go remote?, reason) for a prompt needing KV for `n_total` positions of which
+        `n_cached` are cached here. Reasons: "always", "faster", "probe" (remote);
+        "short_prompt", "local_faster", "peer_backoff" (local)."""
+        n_uncached = n_total - n_cached
+        with self._lock:
+            if self.clock() < self.open_until:
+                return False, "peer_backoff"
+            if self.config.mode == "always":
+                return True, "always"
+            if n_uncached < self.config.min_tokens:
+                return False, "short_prompt"
+            times = self.predict(n_total, n_uncached)
+            if times is None:
+                return True, "probe"
+            local, remote = times
+            return (True, "faster") if remote * MARGIN < local else (False, "local_faster")
+
+    # -- observations ----------------------------------------------------------------------
+
+    def observe_local(self, num_tokens: int, seconds: float) -> None:
+        """A prompt of `num_tokens` uncached tokens was prefilled here in `seconds`."""
+        if num_tokens >= MIN_OBSERVED_TOKENS and seconds > 0:
+            with self._lock:
+                self.local_rate = _ewma(self.local_rate, num_tokens / seconds)
+
+    def observe_remote(self, stats: dict) -> None:
+        """A remote prefill succeeded: fold in its measurements (`client.TransferStats`
+        keys) and close the breaker."""
+        with self._lock:
+            if stats.get("worker_prefill_s", 0) > 0:
+                self.remote_rate = _ewma(self.remote_rate,
+                                         stats["worker_tokens"] / stats["worker_prefill_s"])
+            if stats.get("setup_s") is not None:
+                self.setup_s = _ewma(self.setup_s, stats["setup_s"])
+            if stats.get("link_gbps"):
+                self.link_bps = _ewma(self.link_bps, stats["link_gbps"] * 1e9)
+            self.failures = 0
+            self.open_until = 0.0
+
+    def observe_import(self, num_tokens: int, seconds: float) -> None:
+        """The decode box spent `seconds` importing `num_tokens` tokens of KV."""
+        if num_tokens > 0:
+            with self._lock:
+                self.import_s_per_token = _ewma(self.import_s_per_token, seconds / num_tokens)
+
+    def observe_failure(self, reason: str) -> None:
+        """A remote prefill failed: open the breaker for a growing interval. A busy peer is
+        not a failure: it only says to try later."""
+        if reason == "busy":
+            return
+        with self._lock:
+            backoff = min(self.config.backoff_s * 2 ** self.failures, self.config.max_backoff_s)
+            self.failures += 1
+            self.open_until = self.clock() + backoff
+
+    def snapshot(self) -> dict:
+        """The current estimates (for logs and the bench)."""
+        with self._lock:
+            return {"local_tok_s": self.local_rate, "remote_tok_s": self.remote_rate,
+                    "setup_s": self.setup_s, "link_gbps": (self.link_bps / 1e9
+                                                           if self.link_bps else None),
+                    "import_s_per_token": self.import_s_per_token,
+                    "failures": self.failures,
+                    "backoff_s": max(0.0, self.open_until - self.clock())}
