@@ -3,12 +3,15 @@
 Remote pays when `remote_s(n_total, n_uncached) < local_s(n_uncached)`, with
 
     local_s  = n_uncached / local_rate
-    remote_s = setup_s + n_total / remote_rate + tail * (bytes_per_token / link_bps
-                                                        + import_s_per_token)
+    wire     = bytes_per_token / link_bps                        (seconds per token)
+    remote_s = setup_s + max(n_total / remote_rate, n_uncached * wire)
+               + tail * (min(wire, 1 / remote_rate) + import_s_per_token)
 
-`tail` = the last chunk's tokens: earlier chunks travel and are imported while the peer
-computes the next one, the last one cannot hide (shared/notes/two-box.md §1, "when does
-going remote pay"). The worker recomputes the whole prompt, cached part included, unless its
+The worker's compute and the link form a two-stage pipeline over chunks of `tail` tokens:
+its duration is the slower stage over all chunks plus one chunk of the faster stage (the
+last chunk's transfer when compute-bound, the first chunk's compute when link-bound), plus
+importing the last chunk, which cannot hide (shared/notes/two-box.md §1, "when does going
+remote pay"). The worker recomputes the whole prompt, cached part included, unless its
 own prefix cache has it, hence `n_total`. Every rate is an exponentially weighted mean of
 measurements: local prefills (the engine reports them), remote ones (the client's stats),
 setup = connect + handshake. Until both prefill rates are known a long enough prompt goes
@@ -84,9 +87,11 @@ class PrefillPolicy:
         if self.local_rate is None or self.remote_rate is None:
             return None
         tail = min(n_uncached, self.config.chunk_tokens)
-        per_token = (self.bytes_per_token / self.link_bps if self.link_bps else 0.0) + (
-            self.import_s_per_token or 0.0)
-        remote = (self.setup_s or 0.0) + n_total / self.remote_rate + tail * per_token
+        wire = self.bytes_per_token / self.link_bps if self.link_bps else 0.0  # s/token
+        stream = max(n_total / self.remote_rate, n_uncached * wire)
+        faster_stage = min(wire, 1 / self.remote_rate) if wire else 0.0
+        remote = (self.setup_s or 0.0) + stream + tail * (faster_stage
+                                                          + (self.import_s_per_token or 0.0))
         return n_uncached / self.local_rate, remote
 
     def decide(self, n_total: int, n_cached: int) -> tuple[bool, str]:

@@ -32,11 +32,12 @@ def test_prediction_from_measured_rates_link_and_import():
     p.observe_remote({"worker_prefill_s": 0.5, "worker_tokens": 1000, "setup_s": 0.01,
                       "link_gbps": 0.001})  # 2000 tok/s there, 1 MB/s link
     p.observe_import(100, 0.1)  # 1 ms per token
-    # local 2000/500 = 4 s; remote 0.01 + 2000/2000 + 512 * (1000/1e6 + 0.001) = 2.034 s
+    # local 2000/500 = 4 s; remote 0.01 + max(2000/2000, 2000 * 1000/1e6: the link binds)
+    # + 512 * (min(1 ms wire, 0.5 ms compute) + 1 ms import) = 2.778 s
     local, remote = p.predict(2000, 2000)
-    assert (local, round(remote, 6)) == (4.0, 2.034)
+    assert (local, round(remote, 6)) == (4.0, 2.778)
     assert p.decide(2000, 0) == (True, "faster")
-    # 300 uncached of 2000: local 0.6 s, remote 1.01 + 300 * 0.002 = 1.61 s
+    # 300 uncached of 2000: local 0.6 s, remote 0.01 + max(1.0, 0.3) + 300 * 0.0015 = 1.46 s
     assert p.decide(2000, 1700) == (False, "local_faster")
 
 
