@@ -5,7 +5,8 @@ At admission the scheduler asks the `RemotePrefill` (the two-box client,
 so, the request gets its slot and the blocks for its whole prompt, enters
 `RequestStatus.REMOTE_PREFILL` (it is not scheduled and holds no step budget, so the other
 streams keep decoding), and the client is handed a `RemoteJob`. The client then calls back,
-from its own thread, through the step thread's inbox (`AsyncEngine.post`):
+from its own thread, through the step thread's inbox (`AsyncEngine.remote_kv` and
+`remote_end`):
 
     LLMEngine.import_remote_kv(request_id, start, kv)   one verified chunk, in order
     LLMEngine.end_remote_prefill(request_id, outcome)   done, or failed

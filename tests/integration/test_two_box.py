@@ -170,20 +170,25 @@ def test_split_while_another_stream_decodes(local, split, worker):
 # -- faults of the real worker ---------------------------------------------------------------
 
 
+def signal_after_first_chunk(engine, ids, proc, sig):
+    """Generate `ids` on `engine`, sending `sig` to the worker `proc` once the first chunk
+    of its remote prefill has been imported; returns (tokens, metrics)."""
+    async def run():
+        task = asyncio.create_task(_collect(engine, ids))
+        r = await asyncio.to_thread(remote_request, engine)
+        await asyncio.to_thread(wait_for, lambda: r.num_computed_tokens > 0)
+        proc.send_signal(sig)
+        return await task
+
+    return asyncio.run(run())
+
+
 def test_worker_killed_mid_transfer(local, split, tmp_path):
     w = Worker(tmp_path)
     ids = prompt_ids(local, 170, "killed")
     want, _ = generate(local, ids)
     client = point_at(split, w.port)
-
-    async def run():
-        task = asyncio.create_task(_collect(split, ids))
-        r = await asyncio.to_thread(remote_request, split)
-        await asyncio.to_thread(wait_for, lambda: r.num_computed_tokens > 0)
-        w.proc.kill()
-        return await task
-
-    got, m = asyncio.run(run())
+    got, m = signal_after_first_chunk(split, ids, w.proc, signal.SIGKILL)
     assert got == want
     info = m.remote_prefill
     assert (info["ok"], info["failure"], info["imported_tokens"]) == (False, "peer_closed", 512)
@@ -198,19 +203,9 @@ def test_worker_stalled_past_the_deadline(local, split, worker):
     ids = prompt_ids(local, 170, "stalled")
     want, _ = generate(local, ids)
     client = point_at(split, worker.port)
-
-    async def run():
-        task = asyncio.create_task(_collect(split, ids))
-        r = await asyncio.to_thread(remote_request, split)
-        await asyncio.to_thread(wait_for, lambda: r.num_computed_tokens > 0)
-        worker.proc.send_signal(signal.SIGSTOP)
-        t0 = time.perf_counter()
-        out = await task
-        return out, t0
-
     ended = worker.ended()
     try:
-        (got, m), stopped = asyncio.run(run())
+        got, m = signal_after_first_chunk(split, ids, worker.proc, signal.SIGSTOP)
     finally:
         worker.proc.send_signal(signal.SIGCONT)
     # resumed, it finds the decode box gone and frees the request

@@ -7,7 +7,6 @@ still end in the single-box output. Needs root and iproute2; skips otherwise."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import signal
@@ -21,7 +20,12 @@ from app.disagg.peer import PeerConfig
 from app.disagg.policy import PolicyConfig, PrefillPolicy
 from app.loader import load_engine
 from backends.base import RunnerConfig
-from tests.integration.test_two_box import GREEDY, _collect, generate, prompt_ids, wait_for
+from tests.integration.test_two_box import (
+    generate,
+    prompt_ids,
+    signal_after_first_chunk,
+    wait_for,
+)
 
 RUNNER = RunnerConfig(max_seqs=2, seq_tokens=2048, n_threads=1)
 
@@ -102,18 +106,12 @@ def test_faults_over_the_shaped_link(link, engines, secret_file, tmp_path, fault
         want, _ = generate(local, ids)
         client = aim(split, w.port, b"w" * 32 if fault == "wrong_secret" else None)
 
-        async def run():
-            task = asyncio.create_task(_collect(split, ids, GREEDY))
-            if fault != "wrong_secret":
-                def first_chunk_in():
-                    return any(r.num_computed_tokens > 0
-                               for r in list(split.engine.requests.values()))
-                await asyncio.to_thread(wait_for, first_chunk_in)
-                w.proc.send_signal(signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
-            return await task
-
         try:
-            got, m = asyncio.run(run())
+            if fault == "wrong_secret":
+                got, m = generate(split, ids)
+            else:
+                got, m = signal_after_first_chunk(
+                    split, ids, w.proc, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
         finally:
             if fault == "stalled":
                 w.proc.send_signal(signal.SIGCONT)
