@@ -16,11 +16,14 @@ prefilled locally, and the policy's circuit breaker backs off (`policy.PrefillPo
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import socket
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -39,6 +42,7 @@ from app.disagg.wire import (
 )
 from app.engine.remote_prefill import RemoteJob, RemoteOutcome
 from models.fingerprint import ModelFingerprint
+from models.store import store_dir
 
 log = logging.getLogger("tandem.two_box")
 
@@ -78,6 +82,11 @@ class PrefillClient:
         self.sink = sink
         self.max_payload = max_payload
         self.policy = PrefillPolicy(peer.policy, 2 * n_layers * n_kv_heads * head_dim * 2)
+        self._estimates_path = _estimates_path(peer, fingerprint)
+        try:
+            self.policy.load_estimates(json.loads(self._estimates_path.read_text()))
+        except (OSError, ValueError, AttributeError):
+            pass  # none yet: the policy probes
         self.counters: dict[str, int] = {}
         self._jobs: dict[str, Future] = {}
         self._next_request = 0
@@ -112,7 +121,16 @@ class PrefillClient:
         if fut is not None:
             fut.cancel()  # cancels the task in the client's loop; it sends CANCEL
 
+    def save_estimates(self) -> None:
+        """Keep the policy's measured speeds for the next process (best effort)."""
+        try:
+            self._estimates_path.parent.mkdir(parents=True, exist_ok=True)
+            self._estimates_path.write_text(json.dumps(self.policy.estimates(), indent=1))
+        except OSError:
+            pass
+
     def close(self) -> None:
+        self.save_estimates()
         for request_id in list(self._jobs):
             self.cancel(request_id)
         if self._loop.is_running():
@@ -261,6 +279,13 @@ class PrefillClient:
                                 f"received {want}, positions up to {pos} of {n}")
         stats["worker_prefill_s"] = h["prefill_us"] / 1e6
         stats["worker_tokens"] = h["computed"]
+
+
+def _estimates_path(peer: PeerConfig, fingerprint: ModelFingerprint) -> Path:
+    """Where the policy's estimates for this peer and model are kept: the model store's
+    profiles directory (next to the step-time curves)."""
+    key = hashlib.sha256(f"{peer.host}:{peer.port}|{fingerprint.weights_digest}".encode())
+    return store_dir() / "profiles" / f"two-box-{key.hexdigest()[:16]}.json"
 
 
 def _derive(stats: dict, arrivals: list[tuple[float, int]], burst_bps: list[float],

@@ -57,11 +57,15 @@ def check_bind(host: str, secret: bytes) -> None:
 
 
 def parse_peer(text: str) -> tuple[str, int]:
-    """"HOST:PORT" (or "[v6]:PORT") -> (host, port). Raises PeerConfigError."""
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise PeerConfigError(f"--prefill-peer must be HOST:PORT, not {text!r}")
+    """"HOST:PORT", "[v6]:PORT", or HOST / [v6] alone (port DEFAULT_PORT) -> (host, port).
+    Raises PeerConfigError."""
+    if text.startswith("[") and text.endswith("]") or (text and ":" not in text):
+        host, port = text.strip("[]"), str(DEFAULT_PORT)
+    else:
+        host, sep, port = text.rpartition(":")
+        host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise PeerConfigError(f"--prefill-peer must be HOST or HOST:PORT, not {text!r}")
     return host, int(port)
 
 

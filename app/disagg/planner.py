@@ -208,7 +208,7 @@ class Plan:
             "output": self.output,
             **{key: {"device": box.device, "prefill_s": box.prefill_s, "decode_s": box.decode_s,
                      "total_s": box.total_s} for key, box in boxes.items()},
-            "kv_bytes": self.kv_bytes, "kv_transfer_s": self.kv_transfer_s,
+            "kv_bytes": round(self.kv_bytes), "kv_transfer_s": self.kv_transfer_s,
             "exposed_transfer_s": self.exposed_transfer_s,
             "hidden_transfer_s": self.hidden_transfer_s, "split_ttft_s": self.split_ttft_s,
             "split_total_s": self.split_total_s,

@@ -15,7 +15,9 @@ remote pay"). The worker recomputes the whole prompt, cached part included, unle
 own prefix cache has it, hence `n_total`. Every rate is an exponentially weighted mean of
 measurements: local prefills (the engine reports them), remote ones (the client's stats),
 setup = connect + handshake. Until both prefill rates are known a long enough prompt goes
-remote once to measure it ("probe").
+remote to measure the peer ("probe"), then one stays local to measure this box
+("probe_local"). The estimates outlive the process (`app.disagg.client` keeps them in the
+model store per peer and model), so `tandem run` does not probe every time.
 
 Circuit breaker: after a failure the peer is not tried for `backoff_s`, doubling with each
 consecutive failure up to `max_backoff_s`; a success resets it (the notes' 5 s -> 5 min).
@@ -97,7 +99,7 @@ class PrefillPolicy:
     def decide(self, n_total: int, n_cached: int) -> tuple[bool, str]:
         """(go remote?, reason) for a prompt needing KV for `n_total` positions of which
         `n_cached` are cached here. Reasons: "always", "faster", "probe" (remote);
-        "short_prompt", "local_faster", "peer_backoff" (local)."""
+        "short_prompt", "local_faster", "probe_local", "peer_backoff" (local)."""
         n_uncached = n_total - n_cached
         with self._lock:
             if self.clock() < self.open_until:
@@ -106,9 +108,11 @@ class PrefillPolicy:
                 return True, "always"
             if n_uncached < self.config.min_tokens:
                 return False, "short_prompt"
-            times = self.predict(n_total, n_uncached)
-            if times is None:
+            if self.remote_rate is None:
                 return True, "probe"
+            if self.local_rate is None:
+                return False, "probe_local"
+            times = self.predict(n_total, n_uncached)
             local, remote = times
             return (True, "faster") if remote * MARGIN < local else (False, "local_faster")
 
@@ -149,6 +153,21 @@ class PrefillPolicy:
             backoff = min(self.config.backoff_s * 2 ** self.failures, self.config.max_backoff_s)
             self.failures += 1
             self.open_until = self.clock() + backoff
+
+    ESTIMATES = ("local_rate", "remote_rate", "setup_s", "link_bps", "import_s_per_token")
+
+    def estimates(self) -> dict[str, float | None]:
+        """The measured speeds, to keep for the next process (`load_estimates`)."""
+        with self._lock:
+            return {name: getattr(self, name) for name in self.ESTIMATES}
+
+    def load_estimates(self, saved: dict) -> None:
+        """Start from speeds measured earlier; anything malformed is ignored."""
+        with self._lock:
+            for name in self.ESTIMATES:
+                value = saved.get(name)
+                if isinstance(value, int | float) and value > 0:
+                    setattr(self, name, float(value))
 
     def snapshot(self) -> dict:
         """The current estimates (for logs and the bench)."""

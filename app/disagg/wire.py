@@ -260,8 +260,9 @@ async def read_frame(reader: asyncio.StreamReader, key: bytes = b"",
         payload = await reader.readexactly(plen) if plen else b""
         tag = await reader.readexactly(TAG_BYTES)
     except asyncio.IncompleteReadError as e:
-        raise ProtocolError("truncated", f"stream ended {len(e.partial)} bytes into a "
-                            f"{e.expected}-byte read") from None
+        raise ProtocolError("truncated", "the peer closed the connection" + (
+            f" mid-frame ({len(e.partial)} of {e.expected} bytes)" if e.partial else "")
+        ) from None
     _check_tag(key, [prefix, raw, payload], tag)
     return Frame(ftype, header, payload)
 

@@ -84,7 +84,8 @@ class PrefillWorker:
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One decode box's connection. Never raises: a bad peer only loses its connection."""
-        peer = writer.get_extra_info("peername")
+        addr = writer.get_extra_info("peername") or ("?", 0)
+        peer = f"{addr[0]}:{addr[1]}"
         try:
             async with asyncio.timeout(self.handshake_timeout_s):
                 session = await server_handshake(reader, writer, self.secret, self.fingerprint)

@@ -125,7 +125,8 @@ class ServerMetrics:
 
         self.prefill_route = Counter(
             "tandem_prefill_route",
-            "Prompts by where they were prefilled (two-box mode: remote or local) and why.",
+            "Prompts by where they were prefilled (two-box mode) and why: remote, local (the "
+            "policy's reason), or fallback (remote failed and local finished it; the failure).",
             ["route", "reason"],
             registry=self.registry,
         )
@@ -160,10 +161,12 @@ class ServerMetrics:
             self.e2e.observe(max(m.finish_time - m.arrival_time, 0.0))
 
     def _observe_route(self, route: dict) -> None:
-        self.prefill_route.labels("remote" if route["remote"] else "local",
-                                  route["reason"]).inc()
         if "failure" in route:
+            self.prefill_route.labels("fallback", route["failure"]).inc()
             self.remote_fallbacks.labels(route["failure"]).inc()
+        else:
+            self.prefill_route.labels("remote" if route["remote"] else "local",
+                                      route["reason"]).inc()
         self.remote_bytes.inc(route.get("bytes", 0))
         self.remote_tokens.inc(route.get("imported_tokens", 0))
 

@@ -118,7 +118,7 @@ def test_status_line_and_helpers():
         {"remote": True, "reason": "faster", "ok": True, "imported_tokens": 2047,
          "bytes": 47_162_880}))
     assert format_status(remote).endswith(
-        " │ KV – │ prefilled remotely (2047 tokens, 47.2 MB of KV)")
+        " │ KV – │ prefilled remotely (faster: 2047 tokens, 47.2 MB of KV)")
     assert route_summary({"remote": True, "reason": "always", "ok": False,
                           "failure": "frame_timeout", "imported_tokens": 512}) == (
         "remote prefill failed (frame_timeout) after 512 tokens")

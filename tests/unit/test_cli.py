@@ -220,7 +220,9 @@ def test_prefill_worker_off_loopback_needs_a_secret(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--prefill-peer", "spark"], "--prefill-peer must be HOST:PORT, not 'spark'"),
+    (["--prefill-peer", "spark:x"], "--prefill-peer must be HOST or HOST:PORT, not 'spark:x'"),
+    (["--prefill-policy", "always"], "--prefill-policy is for --prefill-peer, which is not "
+                                     "given"),
     (["--prefill-peer", "10.0.0.2:7070"], "a prefill peer at 10.0.0.2 needs --secret-file"),
     (["--secret-file", "/nonexistent"], "--secret-file is for --prefill-peer, which is not "
                                         "given"),

@@ -20,10 +20,25 @@ def policy(**kw):
     return PrefillPolicy(PolicyConfig(**kw), bytes_per_token=1000, clock=clock), clock
 
 
-def test_short_prompts_stay_local_and_the_first_long_one_probes():
+def test_short_prompts_stay_local_and_long_ones_probe_each_side_once():
     p, _ = policy(min_tokens=256)
     assert p.decide(300, 100) == (False, "short_prompt")  # 200 uncached
     assert p.decide(300, 0) == (True, "probe")
+    p.observe_remote({"worker_prefill_s": 1.0, "worker_tokens": 300})
+    assert p.decide(300, 0) == (False, "probe_local")
+    p.observe_local(300, 3.0)
+    assert p.decide(300, 0) == (True, "faster")
+
+
+def test_estimates_survive_a_restart():
+    p, _ = policy()
+    p.observe_remote({"worker_prefill_s": 1.0, "worker_tokens": 300, "setup_s": 0.01})
+    p.observe_local(300, 3.0)
+    q, _ = policy()
+    q.load_estimates({**p.estimates(), "link_bps": "junk", "other": 1})
+    assert q.estimates() == {"local_rate": 100.0, "remote_rate": 300.0, "setup_s": 0.01,
+                             "link_bps": None, "import_s_per_token": None}
+    assert q.decide(1000, 0) == (True, "faster")
 
 
 def test_prediction_from_measured_rates_link_and_import():
@@ -105,12 +120,14 @@ def test_binding_or_peering_off_loopback_needs_a_secret():
 
 @pytest.mark.parametrize("text, parsed", [("10.0.0.2:7070", ("10.0.0.2", 7070)),
                                           ("[::1]:7071", ("::1", 7071)),
-                                          ("spark.local:7070", ("spark.local", 7070))])
+                                          ("spark.local:7070", ("spark.local", 7070)),
+                                          ("spark", ("spark", 7070)),
+                                          ("[::1]", ("::1", 7070))])
 def test_parse_peer(text, parsed):
     assert parse_peer(text) == parsed
 
 
-@pytest.mark.parametrize("text", ["spark", "spark:", ":7070", "spark:99999", "spark:x"])
+@pytest.mark.parametrize("text", ["", "spark:", ":7070", "spark:99999", "spark:x"])
 def test_parse_peer_errors(text):
-    with pytest.raises(PeerConfigError, match="--prefill-peer must be HOST:PORT"):
+    with pytest.raises(PeerConfigError, match="--prefill-peer must be HOST or HOST:PORT"):
         parse_peer(text)
