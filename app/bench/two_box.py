@@ -31,12 +31,14 @@ from app.bench.worker_process import WorkerProcess
 from models.registry import DEFAULT_MODEL
 
 
-def _prompt(tokenizer, n: int, tag: int) -> list[int]:
+def fresh_prompt(tokenizer, n: int, tag: int) -> list[int]:
+    """`n` token ids no other `tag` shares (so no cache holds them)."""
     words = " ".join(f"w{tag}x{i}" for i in range(n))
     return tokenizer.encode(words, add_special=True)[:n]
 
 
-async def _ttft(engine, ids) -> tuple[float, object]:
+async def time_to_first_token(engine, ids) -> tuple[float, object]:
+    """(TTFT seconds, the request's metrics) of one greedy token."""
     from app.engine.types import SamplingParams
 
     t0 = time.perf_counter()
@@ -49,11 +51,11 @@ async def _ttft(engine, ids) -> tuple[float, object]:
 
 
 def _fallback_round(split, local, tokenizer, worker, n, tag) -> dict:
-    ids = _prompt(tokenizer, n, tag)
-    local_ttft, _ = asyncio.run(_ttft(local, _prompt(tokenizer, n, tag + 1)))
+    ids = fresh_prompt(tokenizer, n, tag)
+    local_ttft, _ = asyncio.run(time_to_first_token(local, fresh_prompt(tokenizer, n, tag + 1)))
 
     async def run():
-        task = asyncio.create_task(_ttft(split, ids))
+        task = asyncio.create_task(time_to_first_token(split, ids))
         while True:
             reqs = list(split.engine.requests.values())
             if reqs and reqs[0].num_computed_tokens > 0:
@@ -112,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 order.reverse()
             row = {}
             for k, (name, engine) in enumerate(order):
-                ids = _prompt(local.tokenizer, args.prompt_tokens, 10 * r + k)
-                ttft, m = asyncio.run(_ttft(engine, ids))
+                ids = fresh_prompt(local.tokenizer, args.prompt_tokens, 10 * r + k)
+                ttft, m = asyncio.run(time_to_first_token(engine, ids))
                 row[f"{name}_ttft_s"] = round(ttft, 3)
                 if name == "split":
                     s = m.remote_prefill

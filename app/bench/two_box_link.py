@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from app.bench.netns import PEER_IP, emulated_link
-from app.bench.two_box import _prompt, _ttft
+from app.bench.two_box import fresh_prompt, time_to_first_token
 from app.bench.worker_process import WorkerProcess
 from models.registry import DEFAULT_MODEL
 
@@ -103,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
             split = load_engine(EngineArgs(model=args.model, runner=runner, prefill_peer=peer))
             tok = local.tokenizer
             client = split.engine.scheduler.remote
-            asyncio.run(_ttft(split, _prompt(tok, 64, 999)))  # warm the worker up
+            asyncio.run(time_to_first_token(split, fresh_prompt(tok, 64, 999)))  # warm the worker up
             sweep = []
             for i, n in enumerate(lengths):
-                t_local, m_local = asyncio.run(_ttft(local, _prompt(tok, n, 2 * i)))
-                t_remote, m = asyncio.run(_ttft(split, _prompt(tok, n, 2 * i + 1)))
+                t_local, m_local = asyncio.run(time_to_first_token(local, fresh_prompt(tok, n, 2 * i)))
+                t_remote, m = asyncio.run(time_to_first_token(split, fresh_prompt(tok, n, 2 * i + 1)))
                 # what the policy learns: both prefill speeds, link, import cost
                 client.observe_local(n - m_local.cached_tokens, m_local.first_token_time
                                      - m_local.first_scheduled_time)
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             client.policy.config.mode = "always"
             overlap = []
             for k, n in enumerate(overlap_at):
-                t, m = asyncio.run(_ttft(split, _prompt(tok, n, 500 + k)))
+                t, m = asyncio.run(time_to_first_token(split, fresh_prompt(tok, n, 500 + k)))
                 s = m.remote_prefill
                 overlap.append({"tokens": n, "ttft_s": round(t, 3), "ok": s.get("ok"),
                                 "overlap": s.get("overlap"), "link_gbps": s.get("link_gbps"),

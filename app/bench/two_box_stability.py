@@ -21,6 +21,7 @@ import tempfile
 import time
 
 from app.bench.stats import median, percentiles, ratio
+from app.bench.two_box import fresh_prompt, time_to_first_token
 from app.bench.worker_process import WorkerProcess
 from models.registry import DEFAULT_MODEL
 
@@ -53,12 +54,8 @@ async def _scenario(engine, args) -> dict:
     ttfts = []
     window.append(time.perf_counter())
     for k in range(args.long_prompts):
-        words = " ".join(f"p{k}w{i}" for i in range(args.prompt_tokens))
-        ids = tok.encode(words, add_special=True)[:args.prompt_tokens]
-        t0 = time.perf_counter()
-        async for _ in engine.generate(ids, SamplingParams(max_tokens=1, temperature=0.0)):
-            pass
-        ttfts.append(time.perf_counter() - t0)
+        ttft, _ = await time_to_first_token(engine, fresh_prompt(tok, args.prompt_tokens, k))
+        ttfts.append(ttft)
     window.append(time.perf_counter())
     stop.set()
     await asyncio.gather(*tasks)

@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -56,6 +57,14 @@ class KVSink(Protocol):
     def remote_kv(self, request_id: str, start: int, kv: list) -> None: ...
 
     def remote_end(self, request_id: str, outcome: RemoteOutcome) -> None: ...
+
+
+@dataclass(slots=True)
+class _Connection:
+    """One transfer's socket and session key, once it has them (for CANCEL and close)."""
+
+    writer: asyncio.StreamWriter | None = None
+    key: bytes | None = None
 
 
 class _Deadline(Exception):
@@ -144,18 +153,16 @@ class PrefillClient:
 
     async def _transfer(self, job: RemoteJob, request: int) -> None:
         stats: dict = {"bytes": 0, "frames": 0, "chunks": 0}
-        writer = None
+        conn = _Connection()
         try:
-            writer = await self._stream(job, request, stats)
+            await self._stream(job, request, stats, conn)
             outcome = RemoteOutcome(True, "ok", stats)
             self.policy.observe_remote(stats)
         except asyncio.CancelledError:
-            if writer is None:
-                writer = stats.pop("_writer", None)
-            if writer is not None:
+            if conn.key is not None:
                 try:  # tell the worker to free the request; best effort
-                    await asyncio.wait_for(write_frame(writer, encode_parts(
-                        FrameType.CANCEL, {"request": request}, key=stats["_key"])), 0.5)
+                    await asyncio.wait_for(write_frame(conn.writer, encode_parts(
+                        FrameType.CANCEL, {"request": request}, key=conn.key)), 0.5)
                 except (Exception, asyncio.CancelledError):  # noqa: BLE001
                     pass
             self._count("cancelled")
@@ -167,11 +174,8 @@ class PrefillClient:
             self.policy.observe_failure(reason)
             outcome = RemoteOutcome(False, reason, stats)
         finally:
-            w = writer or stats.pop("_writer", None)
-            if w is not None:
-                w.close()
-        stats.pop("_writer", None)
-        stats.pop("_key", None)
+            if conn.writer is not None:
+                conn.writer.close()
         if outcome.ok:
             log.info("remote prefill of %d tokens: %.1f MB in %.3f s (worker %.3f s, "
                      "first frame at %.0f%%), link %.2f GB/s, overlap %.2f",
@@ -182,13 +186,14 @@ class PrefillClient:
         self._count("ok" if outcome.ok else outcome.reason)
         self.sink.remote_end(job.request_id, outcome)
 
-    async def _stream(self, job: RemoteJob, request: int, stats: dict):
+    async def _stream(self, job: RemoteJob, request: int, stats: dict,
+                      conn: _Connection) -> None:
         p = self.peer
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout(p.connect_timeout_s):
                 reader, writer = await asyncio.open_connection(p.host, p.port)
-                stats["_writer"] = writer
+                conn.writer = writer
                 sock = writer.get_extra_info("socket")
                 if sock is not None:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -196,8 +201,7 @@ class PrefillClient:
         except TimeoutError:
             raise _Deadline("connect_timeout", f"no handshake with {p.host}:{p.port} within "
                         f"{p.connect_timeout_s} s") from None
-        key = session.key
-        stats["_key"] = key
+        key = conn.key = session.key
         stats["setup_s"] = time.perf_counter() - t0
         n_layers, heads, dim = self.shape
         await write_frame(writer, encode_parts(FrameType.PREFILL, {
@@ -268,7 +272,6 @@ class PrefillClient:
         done = time.perf_counter() - t_sent
         stats["transfer_s"] = done
         _derive(stats, arrivals, burst_bps, done)
-        return writer
 
     def _check_done(self, h: dict, request: int, stats: dict, pos: int, n: int,
                     partial: bool) -> None:

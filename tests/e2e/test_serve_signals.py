@@ -58,6 +58,16 @@ def test_busy_port_is_one_line_and_no_banner(embedded_model: Path) -> None:
     assert (r.returncode, r.stdout, r.stderr) == (1, "", f"tandem serve: port {port} is in use\n")
 
 
+def signal_mid_stream(url: str, body: dict, proc, sig) -> str:
+    """Stream a chat completion, send `sig` to the server after its first chunk, and return
+    everything received."""
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
+        chunks = r.iter_text()
+        received = next(chunks)
+        proc.send_signal(sig)
+        return received + "".join(chunks)
+
+
 def test_idle_server_stops_at_once_on_sigterm(embedded_model: Path) -> None:
     with serving(embedded_model) as (proc, url):
         assert httpx.get(f"{url}/health", timeout=5).status_code == 200  # banner = listening
@@ -70,11 +80,7 @@ def test_stop_ends_open_stream_with_error_and_done(embedded_model: Path) -> None
     body = {"messages": [{"role": "user", "content": "Tell a long story."}], "stream": True,
             "max_tokens": 4000, "ignore_eos": True}
     with serving(embedded_model, "--shutdown-timeout", "1") as (proc, url):
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
-            chunks = r.iter_text()
-            received = next(chunks)
-            proc.send_signal(signal.SIGINT)  # Ctrl+C mid-stream
-            received += "".join(chunks)
+        received = signal_mid_stream(url, body, proc, signal.SIGINT)  # Ctrl+C mid-stream
         assert proc.wait(timeout=20) == 0
         assert proc.stderr.read() == ""
     got = events(received)
@@ -89,11 +95,7 @@ def test_grace_period_lets_a_short_reply_finish(embedded_model: Path) -> None:
     body = {"messages": [{"role": "user", "content": "Hi"}], "stream": True,
             "max_tokens": 24, "ignore_eos": True}
     with serving(embedded_model, "--shutdown-timeout", "60") as (proc, url):
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
-            chunks = r.iter_text()
-            received = next(chunks)
-            proc.send_signal(signal.SIGTERM)
-            received += "".join(chunks)
+        received = signal_mid_stream(url, body, proc, signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert proc.stderr.read() == ""
     got = events(received)
