@@ -9,6 +9,7 @@ with each system's medians, the medians of the per-round ratios tandem/llama-ser
 HTTP/in-process, and every round's figures.
 
 usage: python -m app.bench.peer [--model NAME] [--llama-server PATH] [--threads 2] [--repeat 3]
+                              [--scenarios short_c1,short_c16]
 """
 
 from __future__ import annotations
@@ -31,9 +32,13 @@ SCENARIOS = [  # (name, concurrency, system prompt tokens)
 ]
 
 
+def chosen(args) -> list[tuple[str, int, int]]:
+    return [s for s in SCENARIOS if s[0] in args.scenarios]
+
+
 def measure(url: str, model: str, args) -> dict[str, dict]:
     out = {}
-    for name, concurrency, system in SCENARIOS:
+    for name, concurrency, system in chosen(args):
         out[name] = run_http_bench(url, model, concurrency=concurrency, requests=args.requests,
                                    prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
                                    system_prompt_tokens=system, seed=args.seed)
@@ -51,19 +56,19 @@ def measure_in_process(path: str, args) -> dict[str, dict]:
         return {name: run_in_process_bench(engine, concurrency, args.requests,
                                            args.prompt_tokens, args.max_tokens, system,
                                            seed=args.seed)
-                for name, concurrency, system in SCENARIOS}
+                for name, concurrency, system in chosen(args)}
     finally:
         engine.shutdown()
 
 
-def summarize(runs: dict[str, list[dict[str, dict]]]) -> list[dict]:
+def summarize(runs: dict[str, list[dict[str, dict]]], names: list[str]) -> list[dict]:
     """Per scenario: each system's median throughput and TTFT p50 over the repeats, and the
     medians of the per-repeat ratios (each pair measured back to back)."""
     def med(values: list[float]) -> float:
         return median(values, digits=3)
 
     lines = []
-    for name, _, _ in SCENARIOS:
+    for name in names:
         per = {who: [r[name] for r in rs] for who, rs in runs.items()}
         tput = {who: [r["throughput_tok_s"] for r in rs] for who, rs in per.items()}
         ttft = {who: [r["ttft_ms"]["p50"] for r in rs] for who, rs in per.items()}
@@ -97,8 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=3,
                    help="rounds; each measures all three, in alternating order (default 3)")
+    names = [name for name, _, _ in SCENARIOS]
+    p.add_argument("--scenarios", default=",".join(names),
+                   help=f"comma-separated subset of {', '.join(names)} (default: all)")
     p.add_argument("--in-process-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = sorted(set(args.scenarios) - set(names))
+    if unknown or not args.scenarios:
+        p.error(f"unknown scenario {', '.join(unknown) or '(none)'}: choose from {', '.join(names)}")
     path = str(resolve_model(args.model))
     if args.in_process_only:  # a child of the run below: a fresh process per measurement
         print(json.dumps(measure_in_process(path, args)))
@@ -128,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, "-m", "app.bench.peer", "--in-process-only", "--model", path,
                "--threads", str(args.threads), "--requests", str(args.requests),
                "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens),
-               "--seed", str(args.seed)]
+               "--seed", str(args.seed), "--scenarios", ",".join(args.scenarios)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         return json.loads(out.strip().splitlines()[-1])
 
@@ -138,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         # alternate the order so slow drift on a shared machine hits both sides alike
         for who in (list(systems) if rep % 2 == 0 else list(reversed(systems))):
             runs[who].append(systems[who]())
-    for line in summarize(runs):
+    for line in summarize(runs, args.scenarios):
         print(json.dumps(line), flush=True)
     return 0
 

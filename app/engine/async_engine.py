@@ -2,10 +2,12 @@
 
 The step thread owns the `LLMEngine`; asyncio code talks to it through a queue of commands
 and receives outputs through `loop.call_soon_threadsafe`, one call per step. While the
-runner computes (llama.cpp and MLX release the GIL) nothing else in the process is busy:
+runner computes (llama.cpp and MLX release the GIL) little else in the process is busy:
 llama.cpp's worker threads spin-wait, and a competing Python thread can slow decode many
-times over on a small machine. When there is no work the thread blocks on the queue, and
-requests arriving together after that start in the same step (`_collect_arrivals`).
+times over on a small machine. So a step's outputs are handled before the next step starts,
+except a lone stream's, which is handled during it (`_deliver`). When there is no work the
+thread blocks on the queue, and requests arriving together after that start in the same
+step (`_collect_arrivals`).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class AsyncEngine:
         self.context_length = engine.context_length
         self.max_waiting = engine.config.scheduler.max_waiting
         self.consumer_wait_s = 0.05  # see _deliver
+        self._in_flight: list[threading.Event] = []  # the last step's deliveries
         self.arrival_gap_s = 0.005  # seconds; see _collect_arrivals
         self.arrival_window_s = 0.2  # seconds
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -254,20 +257,28 @@ class AsyncEngine:
                 with self._lock:
                     self._outstanding -= 1
             by_loop.setdefault(stream._loop, []).append((stream, out))
-        handled = []
+        # A lone stream's output is handled while the next step computes: its consumer's
+        # Python takes less of llama.cpp's cores than waiting for it costs (two thread
+        # wake-ups a step). More streams' outputs are handled before the next step starts:
+        # their Python, run beside llama.cpp, would steal a core from its spin-waiting
+        # workers and slow the whole step. Either way the step before's outputs must have
+        # been handled, so a slow consumer holds back the engine rather than queueing
+        # without bound. Bounded, so a stuck loop cannot stall it. (README, "Peer benchmark")
+        deadline = time.perf_counter() + self.consumer_wait_s
+        for event in self._in_flight:
+            event.wait(max(0.0, deadline - time.perf_counter()))
+        self._in_flight = []
         for loop, pairs in by_loop.items():
             event = threading.Event()
             try:
                 loop.call_soon_threadsafe(_put_all, loop, pairs, event)
-                handled.append(event)
+                self._in_flight.append(event)
             except RuntimeError:
                 pass  # the consumer's loop is closed
-        # Let consumers handle this step's outputs before the next step starts computing:
-        # run in parallel with llama.cpp, their Python work would steal a core from its
-        # spin-waiting workers and slow the whole step. Bounded, so a stuck loop cannot stall.
-        deadline = time.perf_counter() + self.consumer_wait_s
-        for event in handled:
-            event.wait(max(0.0, deadline - time.perf_counter()))
+        if len(outputs) > 1:
+            for event in self._in_flight:
+                event.wait(max(0.0, deadline - time.perf_counter()))
+            self._in_flight = []
 
     def _deliver_error(self, request_id: str, exc: BaseException) -> None:
         stream = self._streams.pop(request_id, None)

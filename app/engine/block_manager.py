@@ -95,10 +95,13 @@ class BlockManager:
             hashes.append(parent)
         return hashes
 
-    def find_cached_prefix(self, token_ids: Sequence[int]) -> list[int]:
+    def find_cached_prefix(self, token_ids: Sequence[int],
+                           hashes: Sequence[BlockHash] = ()) -> list[int]:
         """Block ids of the longest cached prefix of `token_ids`, in order.
 
         Covers at most `len(token_ids) - 1` tokens so the last token is always computed.
+        `hashes`: chained hashes of the leading full blocks of `token_ids`, if known (a
+        request's prompt hashes), so they are not computed again.
         """
         if not self.enable_prefix_caching:
             return []
@@ -107,7 +110,8 @@ class BlockManager:
         parent = None
         bs = self.block_size
         for i in range(max_blocks):
-            parent = hash_block(parent, token_ids[i * bs:(i + 1) * bs])
+            parent = (hashes[i] if i < len(hashes)
+                      else hash_block(parent, token_ids[i * bs:(i + 1) * bs]))
             block_id = self.cached.get(parent)
             if block_id is None:
                 break
@@ -208,10 +212,12 @@ class BlockManager:
         if num_full <= start:
             return
         bs = self.block_size
+        known = request.prompt_block_hashes or ()
         parent = self.blocks[request.block_table[start - 1]].block_hash if start else None
         for i in range(start, num_full):
             block = self.blocks[request.block_table[i]]
-            parent = hash_block(parent, request.token_ids[i * bs:(i + 1) * bs])
+            parent = (known[i] if i < len(known)
+                      else hash_block(parent, request.token_ids[i * bs:(i + 1) * bs]))
             if block.block_hash is None:
                 block.block_hash = parent
                 # the first block computed for a prefix stays its canonical copy

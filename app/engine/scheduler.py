@@ -30,6 +30,11 @@ from backends.base import KVResidency
 
 __all__ = ["Scheduler", "SchedulerConfig", "SchedulerOutput"]
 
+# A waiting prompt holds back for a step, to hit a running prefill's blocks in the cache, only
+# when it shares at least this many tokens with that prompt (8: one block of the 8-token
+# blocks the rule was first measured with; see `_next_blocks_inflight`).
+MIN_SHARED_INFLIGHT_TOKENS = 8
+
 
 @dataclass(slots=True)
 class SchedulerOutput:
@@ -119,10 +124,13 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting[0]
-            cached = self.block_manager.find_cached_prefix(request.token_ids)
-            if self._next_block_inflight(request, len(cached), inflight):
-                # a running prefill is computing this prompt's next block right now: wait a
-                # step and hit it in the cache instead of computing it twice (16 users
+            cached = self.block_manager.find_cached_prefix(
+                request.token_ids,
+                self._prompt_hashes(request) if self.block_manager.enable_prefix_caching
+                else ())
+            if self._next_blocks_inflight(request, len(cached), inflight):
+                # a running prefill is computing this prompt's next blocks right now: wait a
+                # step and hit them in the cache instead of computing them twice (16 users
                 # sharing a system prompt would otherwise all prefill its tail)
                 break
             slot = self.slots.acquire()
@@ -213,11 +221,19 @@ class Scheduler:
                 inflight.update(self._prompt_hashes(r)[r.num_hashed_blocks:])
         return inflight
 
-    def _next_block_inflight(self, request: Request, num_hits: int, inflight: set[bytes]) -> bool:
+    def _next_blocks_inflight(self, request: Request, num_hits: int,
+                              inflight: set[bytes]) -> bool:
+        """Whether the blocks after the prompt's cache hit are in flight, at least one and
+        enough for hit and run to share `MIN_SHARED_INFLIGHT_TOKENS` with the running
+        prompt: a step's wait pays for a shared system prompt, not for the few tokens two
+        prompts happen to start with."""
         if not inflight:
             return False
         hashes = self._prompt_hashes(request)
-        return num_hits < len(hashes) and hashes[num_hits] in inflight
+        bs = self.block_manager.block_size
+        need = max(1, -(-(MIN_SHARED_INFLIGHT_TOKENS - num_hits * bs) // bs))
+        run = hashes[num_hits:num_hits + need]
+        return len(run) == need and all(h in inflight for h in run)
 
     def _preempt(self, request: Request) -> None:
         """Free a running request and put it at the head of the queue for recompute."""

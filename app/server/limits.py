@@ -11,7 +11,8 @@ Both are `RequestLimitsMiddleware`, pure ASGI; the 413/408 bodies are OpenAI's e
 - Slow headers: a connection that has not delivered a request's complete headers within
   `HEADER_TIMEOUT_S` seconds of connecting (or of its first byte after a response) is closed
   (nginx's `client_header_timeout`). uvicorn has no such timeout, so `header_timeout_protocol`
-  adds one to its h11 protocol; header size stays bounded by h11's 16 KiB limit (400 beyond).
+  adds one to its h11 protocol; headers still incomplete after 16 KiB get 400 (h11's limit
+  on buffered data).
   Idle keep-alive connections are closed after uvicorn's `timeout_keep_alive` (5 s).
 
 The server is one asyncio process: a slow client holds a socket, never a worker thread, so

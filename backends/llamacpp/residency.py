@@ -157,21 +157,33 @@ class PrefixResidency:
         held.clear()
 
     def evict(self, block_ids: list[int]) -> None:
-        """Drop these blocks' KV everywhere; a saved prefix left with no block is deleted."""
+        """Drop these blocks' KV everywhere; a saved prefix left with no block is deleted.
+
+        One pass over each source holding any of them (blocks are often one token, and an
+        allocation evicts hundreds at once); a running slot's KV is removed in contiguous
+        position ranges, one `seq_rm` per run."""
         bs = self.block_size
+        gone: dict[Source, set[int]] = {}
         for block_id in block_ids:
-            # running slots first, then saved prefixes, each in id order
-            for source in sorted(self._holders.pop(block_id, ()), key=_source_order):
-                if isinstance(source, Slot):
-                    held = self._slot_blocks[source.index]
-                    i = held.index(block_id)
-                    self._mem.seq_rm(source.index, i * bs, (i + 1) * bs)
+            for source in self._holders.pop(block_id, ()):
+                gone.setdefault(source, set()).add(block_id)
+        # running slots first, then saved prefixes, each in id order
+        for source in sorted(gone, key=_source_order):
+            ids = gone[source]
+            if isinstance(source, Slot):
+                held = self._slot_blocks[source.index]
+                index = [i for i, b in enumerate(held) if b in ids]
+                for first, last in _runs(index):
+                    self._mem.seq_rm(source.index, first * bs, (last + 1) * bs)
+                for i in index:
                     held[i] = None
-                else:
-                    blocks = self._saved[source.id].blocks
-                    blocks[blocks.index(block_id)] = None
-                    if all(b is None for b in blocks):
-                        del self._saved[source.id]  # nothing hittable left in it
+            else:
+                blocks = self._saved[source.id].blocks
+                for i, b in enumerate(blocks):
+                    if b in ids:
+                        blocks[i] = None
+                if all(b is None for b in blocks):
+                    del self._saved[source.id]  # nothing hittable left in it
 
     def truncate(self, slot: int, n_tokens: int) -> None:
         """Keep only positions `0 .. n_tokens-1` of `slot`'s KV, and the blocks covering
@@ -209,6 +221,18 @@ class PrefixResidency:
 
     def _forget_export(self, slot: int) -> None:
         """`slot`'s KV changes: forget any copy of it taken this step."""
+
+
+def _runs(index: list[int]) -> list[tuple[int, int]]:
+    """Ascending indices as (first, last) runs of consecutive ones: [2, 3, 4, 7] ->
+    [(2, 4), (7, 7)]."""
+    runs: list[tuple[int, int]] = []
+    for i in index:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
 
 
 def _source_order(source: Source) -> tuple[int, int]:

@@ -32,10 +32,11 @@ _FLASH_ATTN = {
     "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
 # Tokens per engine block: the granularity of prefix-cache hits. Here blocks are only
-# accounting (llama.cpp keeps KV in its own cells), so finer blocks cost just bookkeeping and
-# reuse more of a shared prefix (llama-server reuses to the token): a 26-token common chat
-# prefix hits 24 tokens, not 16, saving ~25 ms of TTFT per request on the CI machine.
-BLOCK_SIZE = 8
+# accounting (llama.cpp keeps KV in its own cells), so one token per block costs just
+# bookkeeping and reuses a cached prefix to the token, as llama-server does: a repeated chat
+# then computes only its last prompt token, not up to a block's worth (README, "Peer
+# benchmark", for what that does to TTFT at 16 users).
+BLOCK_SIZE = 1
 
 
 class LlamaCppRunner:

@@ -251,6 +251,19 @@ def test_slow_headers_are_cut_off(limited: Server) -> None:
     _still_serving(limited)
 
 
+def test_headers_still_incomplete_past_16_kib_are_400(limited: Server) -> None:
+    sock = _connect(limited)  # h11's limit on buffered, incomplete data (16 KiB)
+    try:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 20_000)
+    except OSError:  # reset while sending: the server closed the connection
+        pass
+    out = _read_all(sock)
+    sock.close()
+    assert out.startswith(b"HTTP/1.1 400 ")
+    assert b"connection: close" in out.lower()
+    _still_serving(limited)
+
+
 def test_idle_connection_is_closed(limited: Server) -> None:
     sock = _connect(limited)
     start = time.monotonic()

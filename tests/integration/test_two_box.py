@@ -70,7 +70,8 @@ def point_at(engine, port: int):
 
 
 def prompt_ids(engine, words: int, tag: str) -> list[int]:
-    text = f"[{tag}] Repeat the list: " + " ".join(f"w{i}" for i in range(words))
+    # the tag first: prompts of different tests share no leading token, so no cache hit
+    text = f"{tag}: Repeat the list: " + " ".join(f"w{i}" for i in range(words))
     return engine.tokenizer.encode(text, add_special=True)
 
 
@@ -128,10 +129,13 @@ def test_split_with_a_prompt_partly_in_the_prefix_cache(local, split, worker):
     full = head + local.tokenizer.encode(" and then " + " ".join(f"v{i}" for i in range(60)))
     want, _ = generate(local, full)
     client = point_at(split, worker.port)
-    generate(split, head)  # prefilled remotely: its blocks are now in this box's cache
+    # prefilled remotely: its prompt, to the token, is now in this box's prefix cache
+    head_out, _ = generate(split, head)
     got, m = generate(split, full)
     assert got == want
-    assert m.cached_tokens == (len(head) - 1) // 8 * 8
+    tail = full[len(head):]
+    assert head_out[0] != tail[0]  # so the hit is exactly the head
+    assert m.cached_tokens == len(head)
     assert m.remote_prefill["imported_tokens"] == len(full) - 1 - m.cached_tokens
     assert client.counters == {"ok": 2}
 
@@ -176,7 +180,8 @@ def signal_after_first_chunk(engine, ids, proc, sig):
     async def run():
         task = asyncio.create_task(_collect(engine, ids))
         r = await asyncio.to_thread(remote_request, engine)
-        await asyncio.to_thread(wait_for, lambda: r.num_computed_tokens > 0)
+        await asyncio.to_thread(
+            wait_for, lambda: r.num_computed_tokens > r.metrics.cached_tokens)
         proc.send_signal(sig)
         return await task
 
@@ -228,7 +233,8 @@ def test_client_cancel_mid_prefill_frees_the_request_on_the_worker(local, split,
     async def run():
         stream = split.submit(ids, GREEDY)
         r = await asyncio.to_thread(remote_request, split)
-        await asyncio.to_thread(wait_for, lambda: r.num_computed_tokens > 0)
+        await asyncio.to_thread(
+            wait_for, lambda: r.num_computed_tokens > r.metrics.cached_tokens)
         stream.cancel()
         return [out async for out in stream]
 

@@ -1,6 +1,7 @@
 """`AsyncEngine` over the fake runner: arrivals at an idle engine are prefilled together."""
 
 import asyncio
+import time
 
 from app.engine.async_engine import AsyncEngine
 from tests.unit.helpers import greedy, make, planned
@@ -53,3 +54,45 @@ async def test_a_cancellation_ends_the_arrival_wait():
     assert waited < 1.0
     assert tokens == [4, 5]
     assert planned(runner, 0) == [(0, 0, 3, [2])]
+
+
+async def test_a_busy_consumer_holds_the_engine_one_step_ahead_at_most():
+    runner, eng = make(budget=64)
+    engine = AsyncEngine(eng, "fake", "fake")
+    engine.arrival_gap_s = engine.arrival_window_s = 0.0
+    engine.consumer_wait_s = 30.0  # far longer than the test: the wait must end on delivery
+    try:
+        stream = engine.submit([1, 2, 3], greedy(6))
+        await asyncio.sleep(0.3)  # the loop is free: the whole request runs
+        assert len(runner.steps) == 6
+        first = [out.token_ids async for out in stream]
+        assert first == [[4], [5], [6], [7], [8], [9]]
+
+        stream = engine.submit([20, 21], greedy(6))
+        await asyncio.sleep(0)  # the submit reaches the step thread; then block the loop
+        time.sleep(0.5)  # nobody handles outputs: step 1's are posted, step 2's wait
+        assert len(runner.steps) == 8  # 6 before, then 2 steps of this request
+        tokens = [t async for out in stream for t in out.token_ids]
+        await asyncio.sleep(0.1)
+    finally:
+        engine.shutdown()
+    assert tokens == [22, 23, 24, 25, 26, 27]
+    assert len(runner.steps) == 12
+
+
+async def test_outputs_of_several_streams_are_handled_before_the_next_step():
+    runner, eng = make(budget=64)
+    engine = AsyncEngine(eng, "fake", "fake")
+    engine.arrival_gap_s, engine.arrival_window_s = 0.2, 1.0  # both start in one step
+    engine.consumer_wait_s = 30.0
+    try:
+        streams = [engine.submit([1, 2, 3], greedy(4)), engine.submit([20, 21], greedy(4))]
+        await asyncio.sleep(0)
+        time.sleep(1.5)  # nobody handles outputs: the first step's block the second
+        assert len(runner.steps) == 1
+        tokens = [[t async for out in s for t in out.token_ids] for s in streams]
+        await asyncio.sleep(0.1)  # the loop marks the last outputs handled
+    finally:
+        engine.shutdown()
+    assert tokens == [[4, 5, 6, 7], [22, 23, 24, 25]]
+    assert len(runner.steps) == 4

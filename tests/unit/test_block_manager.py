@@ -117,3 +117,18 @@ def test_cache_only_verified_tokens():
     assert a.num_hashed_blocks == 1
     bm.cache_full_blocks(a, 8)
     assert a.num_hashed_blocks == 2
+
+
+def test_known_prompt_hashes_are_used_not_recomputed():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = req("a", range(12))
+    a.prompt_block_hashes = bm.block_hashes(a.token_ids, 3)
+    bm.allocate(a, 12)
+    bm.cache_full_blocks(a, 12)
+    assert [bm.blocks[i].block_hash for i in range(3)] == a.prompt_block_hashes
+    # the hashes given stand for the leading blocks: another prompt's hashes find a's
+    # blocks, and hashing resumes from them past the hashes given
+    other = [9] * 8 + [8, 9, 10, 11, 0]
+    assert bm.find_cached_prefix(other) == []
+    assert bm.find_cached_prefix(other, a.prompt_block_hashes[:2]) == [0, 1, 2]
+    assert bm.find_cached_prefix(other, a.prompt_block_hashes[:1]) == [0]

@@ -176,3 +176,26 @@ def test_truncate_drops_positions_and_the_blocks_past_them(layout):
     assert mem.seq(0) == labels("a", 0, 20)
     assert res.slot_blocks(0) == [5, 6]  # block 6 still holds positions 16..19
     assert res.held_blocks() == {5: {Slot(0)}, 6: {Slot(0)}}
+
+
+def test_evict_removes_a_slots_blocks_in_one_range_per_run():
+    mem = FakeMemory()
+    res = SplitResidency(mem, max_seqs=1, block_size=1)
+    computed(res, mem, 0, [10, 11, 12, 13, 14, 15], 6, "a")
+    mem.calls.clear()
+    res.evict([13, 11, 12, 15])
+    assert mem.calls == [("rm", 0, 1, 4), ("rm", 0, 5, 6)]
+    assert res.slot_blocks(0) == [10, None, None, None, 14, None]
+    assert mem.seq(0) == {0: "a0", 4: "a4"}
+    assert res.held_blocks() == {10: {Slot(0)}, 14: {Slot(0)}}
+
+
+def test_evict_deletes_a_saved_prefix_once_none_of_its_blocks_is_left():
+    mem = FakeMemory()
+    res = SplitResidency(mem, max_seqs=1, block_size=1)
+    computed(res, mem, 0, [10, 11, 12], 3, "a")
+    res.release(0, 3)
+    res.evict([12, 10])
+    assert res.saved_prefixes() == {0: [None, 11, None]}
+    res.evict([11])
+    assert res.saved_prefixes() == {} and res.saved_bytes == 0

@@ -142,6 +142,25 @@ def test_waits_for_inflight_shared_prefix_instead_of_recomputing_it():
     assert ("share", 0, [0, 1, 2, 3]) in runner.calls
 
 
+def test_a_few_shared_leading_tokens_are_not_worth_a_step_of_waiting():
+    runner, eng = make(num_blocks=256, block_size=1, budget=64)
+    eng.add_request("a", [1, 2, 3] + list(range(10, 20)), greedy(1))
+    eng.add_request("b", [1, 2, 3] + list(range(30, 40)), greedy(1))  # shares 3 tokens
+    eng.add_request("c", [1, 2, 3, 4, 5, 6, 7, 8, 9] + [50], greedy(1))
+    eng.step()
+    # b shares 3 in-flight tokens with a (< 8): admitted with it, and it computes them too.
+    # c shares only those 3 with a, and nothing with b: admitted as well.
+    assert planned(runner) == [(0, 0, 13, [12]), (1, 0, 13, [12]), (2, 0, 10, [9])]
+
+    system = list(range(60, 68))  # 8 shared tokens are worth the wait
+    eng.add_request("f", system + [1], greedy(1))
+    eng.add_request("g", system + [2], greedy(1))
+    eng.step()
+    assert planned(runner) == [(0, 0, 9, [8])]
+    eng.step()
+    assert planned(runner) == [(0, 8, 1, [0])]  # g hits f's 8 tokens
+
+
 def test_admitted_in_the_same_step_waits_for_the_shared_prefix_too():
     runner, eng = two_sharing_a_system_prompt(budget=64, max_tokens=2)
     eng.step()
