@@ -263,7 +263,8 @@ class AsyncEngine:
         # their Python, run beside llama.cpp, would steal a core from its spin-waiting
         # workers and slow the whole step. Either way the step before's outputs must have
         # been handled, so a slow consumer holds back the engine rather than queueing
-        # without bound. Bounded, so a stuck loop cannot stall it. (README, "Peer benchmark")
+        # without bound. Bounded, so a stuck loop cannot stall it. (README, Benchmarks,
+        # "tandem serve vs llama-server")
         deadline = time.perf_counter() + self.consumer_wait_s
         for event in self._in_flight:
             event.wait(max(0.0, deadline - time.perf_counter()))

@@ -34,8 +34,8 @@ _FLASH_ATTN = {
 # Tokens per engine block: the granularity of prefix-cache hits. Here blocks are only
 # accounting (llama.cpp keeps KV in its own cells), so one token per block costs just
 # bookkeeping and reuses a cached prefix to the token, as llama-server does: a repeated chat
-# then computes only its last prompt token, not up to a block's worth (README, "Peer
-# benchmark", for what that does to TTFT at 16 users).
+# then computes only its last prompt token, not up to a block's worth (README, "tandem serve
+# vs llama-server", for what that does to TTFT at 16 users).
 BLOCK_SIZE = 1
 
 

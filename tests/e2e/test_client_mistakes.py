@@ -247,7 +247,9 @@ def test_slow_headers_are_cut_off(limited: Server) -> None:
     elapsed = time.monotonic() - start
     sock.close()
     assert closed
-    assert TIMEOUT_S <= elapsed < TIMEOUT_S + 3  # trickling bytes does not extend it
+    # trickling bytes does not extend it (the server's timer runs on its loop's cached
+    # clock, which may lag this one by a loop iteration: a little slack below)
+    assert TIMEOUT_S - 0.05 <= elapsed < TIMEOUT_S + 3
     _still_serving(limited)
 
 
