@@ -266,9 +266,7 @@ class AsyncEngine:
         # without bound. Bounded, so a stuck loop cannot stall it. (README, Benchmarks,
         # "tandem serve vs llama-server")
         deadline = time.perf_counter() + self.consumer_wait_s
-        for event in self._in_flight:
-            event.wait(max(0.0, deadline - time.perf_counter()))
-        self._in_flight = []
+        self._wait_in_flight(deadline)
         for loop, pairs in by_loop.items():
             event = threading.Event()
             try:
@@ -277,9 +275,13 @@ class AsyncEngine:
             except RuntimeError:
                 pass  # the consumer's loop is closed
         if len(outputs) > 1:
-            for event in self._in_flight:
-                event.wait(max(0.0, deadline - time.perf_counter()))
-            self._in_flight = []
+            self._wait_in_flight(deadline)
+
+    def _wait_in_flight(self, deadline: float) -> None:
+        """Until the consumers have handled the deliveries in flight (or `deadline`)."""
+        for event in self._in_flight:
+            event.wait(max(0.0, deadline - time.perf_counter()))
+        self._in_flight = []
 
     def _deliver_error(self, request_id: str, exc: BaseException) -> None:
         stream = self._streams.pop(request_id, None)
