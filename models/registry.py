@@ -81,9 +81,9 @@ LLAMA_CPP_DEFAULTS = GenerationDefaults(0.8, top_p=0.95, top_k=40, min_p=0.05,
                                         source="llama.cpp's sampler defaults")
 
 # SmolLM2's model card samples with temperature 0.2, top-p 0.9. At 135M parameters the model
-# falls into loops ("est-l'Allemagne, ..."), so a repetition guard is added; 1.1 is the value
-# Qwen ships for its 0.5B/1.5B instruct models (measured on "What is the capital of
-# France?": see shared/notes or the issue 14 report).
+# falls into loops ("la femme au roi, la femme au roi, ..."), so a repetition guard is added:
+# 1.05, the value under Qwen's 1.1 at which the most answers to "What is the capital of
+# France?" named Paris (README, "tandem run").
 SMOLLM2_DEFAULTS = GenerationDefaults(0.2, top_p=0.9, repetition_penalty=1.05,
                                       source="SmolLM2 model card + repetition guard")
 # Qwen2.5(-Coder) 0.5B/1.5B Instruct generation_config.json.

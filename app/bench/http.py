@@ -4,7 +4,9 @@ The same load runs against tandem and llama-server (or vLLM, Ollama, ...): `requ
 chat requests, `concurrency` in flight at a time, each with a unique user prompt of about
 `prompt_tokens` tokens after an optional shared system prompt of about
 `system_prompt_tokens` tokens, and exactly `max_tokens` output tokens (`ignore_eos: true`,
-which llama-server, vLLM and tandem honour). Clients stream with raw httpx (little client CPU
+which llama-server, vLLM and tandem honour). Every server gets the same sampling: greedy, no
+repetition penalty, sent explicitly (`SAMPLING`), since tandem's default for a registry
+model may add one (SmolLM2: 1.05) and llama-server's is none. Clients stream with raw httpx (little client CPU
 next to the server on a small machine).
 
 Measured per request, from the client's clock: TTFT (send -> first content delta) and TPOT
@@ -46,6 +48,11 @@ WORDS = (
     "long get here between both life being under never day same another know while last might "
     "us great old year off come since against go came right used take three"
 ).split()
+
+
+# Greedy without a repetition penalty, under both names: `repetition_penalty` (tandem, vLLM)
+# and `repeat_penalty` (llama-server, Ollama); each server ignores the name it does not know.
+SAMPLING = {"temperature": 0, "repetition_penalty": 1.0, "repeat_penalty": 1.0}
 
 
 class ServerHTTPError(RuntimeError):
@@ -91,7 +98,7 @@ async def _one(
         "model": model,
         "messages": messages,
         "max_tokens": max_tokens,
-        "temperature": 0,
+        **SAMPLING,
         "stream": True,
         "stream_options": {"include_usage": True},
         "ignore_eos": True,

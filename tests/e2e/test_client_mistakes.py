@@ -254,7 +254,7 @@ def test_slow_headers_are_cut_off(limited: Server) -> None:
 
 
 def test_headers_still_incomplete_past_16_kib_are_400(limited: Server) -> None:
-    sock = _connect(limited)  # h11's limit on buffered, incomplete data (16 KiB)
+    sock = _connect(limited)  # MAX_HEADER_BYTES: 16 KiB
     try:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 20_000)
     except OSError:  # reset while sending: the server closed the connection
@@ -264,6 +264,38 @@ def test_headers_still_incomplete_past_16_kib_are_400(limited: Server) -> None:
     assert out.startswith(b"HTTP/1.1 400 ")
     assert b"connection: close" in out.lower()
     _still_serving(limited)
+
+
+def _health_on(sock: socket.socket, pad: int) -> bytes:
+    """GET /health with an `X-Pad` header of `pad` bytes, all but the last bytes of its
+    headers sent first (so the server holds them incomplete); returns the status line."""
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * pad
+    sock.sendall(head)
+    time.sleep(0.1)
+    sock.sendall(b"\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head_out, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":")[1] for line in head_out.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head_out.split(b"\r\n", 1)[0]
+
+
+def test_header_limit_is_per_request_on_a_kept_alive_connection(limited: Server) -> None:
+    sock = _connect(limited)
+    # 12 KB of incomplete headers each, 24 KB on the connection: the limit counts one
+    # request's
+    assert _health_on(sock, 12_000) == b"HTTP/1.1 200 OK"
+    assert _health_on(sock, 12_000) == b"HTTP/1.1 200 OK"
+    # the next request's incomplete headers count from its own first byte
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 20_000)
+    out = _read_all(sock)
+    sock.close()
+    assert out.startswith(b"HTTP/1.1 400 ")
+    assert out.endswith(b"Request headers are larger than 16384 bytes.")
 
 
 def test_idle_connection_is_closed(limited: Server) -> None:
