@@ -6,8 +6,8 @@ chat requests, `concurrency` in flight at a time, each with a unique user prompt
 `system_prompt_tokens` tokens, and exactly `max_tokens` output tokens (`ignore_eos: true`,
 which llama-server, vLLM and tandem honour). Every server gets the same sampling: greedy, no
 repetition penalty, sent explicitly (`SAMPLING`), since tandem's default for a registry
-model may add one (SmolLM2: 1.05) and llama-server's is none. Clients stream with raw httpx (little client CPU
-next to the server on a small machine).
+model may add one (SmolLM2: 1.05) and llama-server's is none. Clients stream with raw httpx
+(little client CPU next to the server on a small machine).
 
 Measured per request, from the client's clock: TTFT (send -> first content delta) and TPOT
 ((last delta - first delta) / (output tokens - 1)); per run: throughput (output tokens / wall
