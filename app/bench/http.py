@@ -91,9 +91,12 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-async def _one(
+async def stream_chat(
     http: httpx.AsyncClient, model: str, messages: list[dict[str, str]], max_tokens: int
 ) -> _Result:
+    """One streamed, greedy chat request of `max_tokens` (`ignore_eos`) with usage: its TTFT
+    and TPOT (seconds), completion, prompt and cached token counts. Raises ServerHTTPError
+    for a non-200 answer, RuntimeError for an error event or a stream without content."""
     body = {
         "model": model,
         "messages": messages,
@@ -252,11 +255,11 @@ def run_http_bench(
             base_url=base_url(url), headers=_headers(api_key), limits=limits, timeout=timeout
         ) as http:
             if warmup:
-                await _one(http, model, [{"role": "user", "content": "Hello"}], 4)
+                await stream_chat(http, model, [{"role": "user", "content": "Hello"}], 4)
             inputs = {"url": base_url(url), "model": model, "prompt_tokens": prompt_tokens,
                       "system_prompt_tokens": system_prompt_tokens, "max_tokens": max_tokens}
-            return await drive(lambda msgs: _one(http, model, msgs, max_tokens), conversations,
-                               concurrency, inputs)
+            return await drive(lambda msgs: stream_chat(http, model, msgs, max_tokens),
+                               conversations, concurrency, inputs)
 
     return asyncio.run(run())
 

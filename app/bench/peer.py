@@ -32,6 +32,29 @@ SCENARIOS = [  # (name, concurrency, system prompt tokens)
 ]
 
 
+def llama_server_binary(given: str | None) -> str:
+    """`given`, or the llama-server that installers/build_llama_server.sh builds or reuses."""
+    return given or subprocess.run(
+        ["bash", os.path.join(os.path.dirname(__file__), "..", "..", "installers",
+                              "build_llama_server.sh")],
+        capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+
+
+SEQS, SEQ_TOKENS = 16, 2048  # every server: 16 sequences of 2048 tokens
+
+
+def tandem_cmd(path: str, port: int, threads: int) -> list[str]:
+    return [sys.executable, "-m", "app.cli", "serve", "--model", path, "--port", str(port),
+            "--threads", str(threads), "--max-concurrency", str(SEQS),
+            "--ctx-size", str(SEQ_TOKENS)]
+
+
+def llama_server_cmd(binary: str, path: str, port: int, threads: int) -> list[str]:
+    return [binary, "-m", path, "--port", str(port), "--host", "127.0.0.1",
+            "-t", str(threads), "-tb", str(threads), "-np", str(SEQS),
+            "-c", str(SEQS * SEQ_TOKENS)]
+
+
 def chosen(args) -> list[tuple[str, int, int]]:
     return [s for s in SCENARIOS if s[0] in args.scenarios]
 
@@ -51,7 +74,7 @@ def measure_in_process(path: str, args) -> dict[str, dict]:
     from backends.base import RunnerConfig
 
     engine = load_engine(EngineArgs(path, runner=RunnerConfig(
-        max_seqs=16, seq_tokens=2048, n_threads=args.threads)))
+        max_seqs=SEQS, seq_tokens=SEQ_TOKENS, n_threads=args.threads)))
     try:
         return {name: run_in_process_bench(engine, concurrency, args.requests,
                                            args.prompt_tokens, args.max_tokens, system,
@@ -115,25 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.in_process_only:  # a child of the run below: a fresh process per measurement
         print(json.dumps(measure_in_process(path, args)))
         return 0
-    binary = args.llama_server or subprocess.run(
-        ["bash", os.path.join(os.path.dirname(__file__), "..", "..", "installers",
-                              "build_llama_server.sh")],
-        capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    binary = llama_server_binary(args.llama_server)
 
     def tandem() -> dict[str, dict]:
         port = free_port()
-        # 16 sequences of 2048 tokens on both sides (llama-server: -np 16 -c 32768)
-        cmd = [sys.executable, "-m", "app.cli", "serve", "--model", path, "--port", str(port),
-               "--threads", str(args.threads), "--max-concurrency", "16", "--ctx-size", "2048"]
-        with running(cmd, port) as url:
+        with running(tandem_cmd(path, port, args.threads), port) as url:
             return measure(url, served_model(url), args)
 
     def llama_server() -> dict[str, dict]:
         port = free_port()
-        cmd = [binary, "-m", path, "--port", str(port), "--host", "127.0.0.1",
-               "-t", str(args.threads), "-tb", str(args.threads), "-np", "16",
-               "-c", str(16 * 2048)]
-        with running(cmd, port) as url:
+        with running(llama_server_cmd(binary, path, port, args.threads), port) as url:
             return measure(url, served_model(url), args)
 
     def in_process() -> dict[str, dict]:

@@ -7,7 +7,7 @@ import json
 
 import httpx
 
-from app.bench.http import _one
+from app.bench.http import stream_chat
 
 STREAM = (b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
           b'data: {"choices":[{"index":0,"delta":{"content":"b"}}]}\n\n'
@@ -27,7 +27,7 @@ def test_every_server_gets_greedy_without_repetition_penalty() -> None:
     async def run():
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler),
                                      base_url="http://peer") as http:
-            return await _one(http, "m", [{"role": "user", "content": "hi"}], 2)
+            return await stream_chat(http, "m", [{"role": "user", "content": "hi"}], 2)
 
     result = asyncio.run(run())
     (body,) = bodies

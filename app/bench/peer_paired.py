@@ -1,0 +1,137 @@
+"""One user, request by request: `tandem serve`, llama-server and the Python floor
+(`app.bench.python_floor`) all running at once, taking turns.
+
+`app.bench.peer` runs each server alone for a whole round, a minute or more apart, and this
+machine's speed drifts more than that between rounds. Here a round is one request to each
+server, back to back (the order rotates), so drift cancels in the round's ratios: one
+streaming client, greedy, the same conversation for the three, each request's throughput its
+completion tokens over its wall time (TTFT included). Idle, the servers take no CPU.
+
+Prints one JSON object: per system the median throughput (tok/s) and TTFT, and the median
+(with quartiles) of the per-round ratios to llama-server.
+
+usage: python -m app.bench.peer_paired [--model NAME] [--llama-server PATH] [--threads 2]
+                                       [--rounds 24] [--max-tokens 128] [--no-floor]
+                                       [--tandem-args "--spec off"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shlex
+import statistics
+import sys
+import time
+
+import httpx
+
+from app.bench.http import SAMPLING, make_conversations, served_model, stream_chat
+from app.bench.peer import llama_server_binary, llama_server_cmd, tandem_cmd
+from app.bench.server_process import free_port, running
+from app.bench.stats import median
+from models.registry import DEFAULT_MODEL
+
+BASELINE = "llama_server"
+
+
+def floor_cmd(path: str, port: int, threads: int) -> list[str]:
+    return [sys.executable, "-m", "app.bench.python_floor", "--model", path, "--port",
+            str(port), "--threads", str(threads)]
+
+
+def rotation(systems: list[str], round_index: int) -> list[str]:
+    """The order of a round: `systems` rotated left by `round_index`."""
+    k = round_index % len(systems)
+    return systems[k:] + systems[:k]
+
+
+def summarize(rounds: list[dict[str, dict[str, float]]]) -> dict:
+    """`rounds[i][system] = {"tok_s", "ttft_ms"}` -> medians per system and, per system
+    other than llama-server, the median and quartiles of `tok_s / llama-server's tok_s` over
+    the rounds. Raises statistics.StatisticsError for fewer than 2 rounds."""
+    systems = list(rounds[0])
+    out: dict = {"rounds": len(rounds),
+                 "throughput_tok_s": {s: median([r[s]["tok_s"] for r in rounds], 1)
+                                      for s in systems},
+                 "ttft_ms_p50": {s: median([r[s]["ttft_ms"] for r in rounds], 1)
+                                 for s in systems},
+                 "ratio_to_llama_server": {}}
+    for s in systems:
+        if s == BASELINE:
+            continue
+        ratios = [r[s]["tok_s"] / r[BASELINE]["tok_s"] for r in rounds]
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        out["ratio_to_llama_server"][s] = {"median": median(ratios, 3),
+                                           "q1": round(q1, 3), "q3": round(q3, 3)}
+    return out
+
+
+async def _measure(urls: dict[str, str], models: dict[str, str], rounds: int,
+                   prompt_tokens: int, max_tokens: int, seed: int) -> list[dict]:
+    conversations = make_conversations(rounds, prompt_tokens, 0, seed)
+    timeout = httpx.Timeout(3600.0, connect=30.0)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {s: await stack.enter_async_context(httpx.AsyncClient(base_url=u,
+                                                                        timeout=timeout))
+                   for s, u in urls.items()}
+        for s, client in clients.items():  # warm-up, not measured
+            for _ in range(2):
+                await stream_chat(client, models[s], [{"role": "user", "content": "Hello"}], 16)
+        results = []
+        for i, messages in enumerate(conversations):
+            one_round = {}
+            for s in rotation(list(urls), i):
+                start = time.perf_counter()
+                r = await stream_chat(clients[s], models[s], messages, max_tokens)
+                one_round[s] = {"tok_s": r.completion_tokens / (time.perf_counter() - start),
+                                "ttft_ms": r.ttft * 1000}
+            results.append(one_round)
+        return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    from models.store import resolve_model
+
+    p = argparse.ArgumentParser(prog="python -m app.bench.peer_paired", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--llama-server", default=None,
+                   help="binary (default: build or reuse via installers/build_llama_server.sh)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=24)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-floor", action="store_true", help="leave the Python floor out")
+    p.add_argument("--tandem-args", default="",
+                   help='more `tandem serve` flags, one string, e.g. "--spec off"')
+    args = p.parse_args(argv)
+    if args.rounds < 2:
+        p.error("--rounds must be at least 2")
+    path = str(resolve_model(args.model))
+    binary = llama_server_binary(args.llama_server)
+    extra = shlex.split(args.tandem_args)
+    commands = {"tandem": lambda m, port, t: tandem_cmd(m, port, t) + extra,
+                BASELINE: lambda m, port, t: llama_server_cmd(binary, m, port, t)}
+    if not args.no_floor:
+        commands["python_floor"] = floor_cmd
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for s, cmd in commands.items():
+            port = free_port()
+            urls[s] = stack.enter_context(running(cmd(path, port, args.threads), port))
+        models = {s: served_model(u) for s, u in urls.items()}
+        rounds = asyncio.run(_measure(urls, models, args.rounds, args.prompt_tokens,
+                                      args.max_tokens, args.seed))
+    print(json.dumps({"scenario": "short_c1_paired", "model": args.model,
+                      "threads": args.threads, "max_tokens": args.max_tokens,
+                      "tandem_args": extra,
+                      "sampling": SAMPLING, **summarize(rounds)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

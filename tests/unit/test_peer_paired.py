@@ -1,0 +1,46 @@
+"""The paired peer benchmark's round order and summary arithmetic."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from app.bench.peer_paired import rotation, summarize
+
+SYSTEMS = ["tandem", "llama_server", "python_floor"]
+
+
+def test_rotation_gives_each_system_each_place():
+    assert [rotation(SYSTEMS, i) for i in range(4)] == [
+        ["tandem", "llama_server", "python_floor"],
+        ["llama_server", "python_floor", "tandem"],
+        ["python_floor", "tandem", "llama_server"],
+        ["tandem", "llama_server", "python_floor"],
+    ]
+
+
+def test_summary_is_medians_of_per_round_ratios():
+    def r(t, b, f):
+        return {"tandem": {"tok_s": t, "ttft_ms": t + 100},
+                "llama_server": {"tok_s": b, "ttft_ms": b + 100},
+                "python_floor": {"tok_s": f, "ttft_ms": f + 100}}
+
+    # a slow round (llama-server at 50) and fast ones (100): tandem's per-round ratios are
+    # 0.9, 0.9, 1.0, 1.1 and the floor's 1.0, 0.96, 1.0, 1.04
+    rounds = [r(45, 50, 50), r(90, 100, 96), r(100, 100, 100), r(110, 100, 104)]
+    s = summarize(rounds)
+    assert s["rounds"] == 4
+    assert s["throughput_tok_s"] == {"tandem": 95.0, "llama_server": 100.0,
+                                     "python_floor": 98.0}
+    assert s["ttft_ms_p50"] == {"tandem": 195.0, "llama_server": 200.0, "python_floor": 198.0}
+    assert s["ratio_to_llama_server"] == {
+        "tandem": {"median": 0.95, "q1": 0.9, "q3": 1.075},
+        "python_floor": {"median": 1.0, "q1": 0.97, "q3": 1.03},
+    }
+
+
+def test_summary_needs_two_rounds():
+    with pytest.raises(statistics.StatisticsError):
+        summarize([{"tandem": {"tok_s": 1, "ttft_ms": 1},
+                    "llama_server": {"tok_s": 1, "ttft_ms": 1}}])
