@@ -44,12 +44,14 @@ SEQS, SEQ_TOKENS = 16, 2048  # every server: 16 sequences of 2048 tokens
 
 
 def tandem_cmd(path: str, port: int, threads: int) -> list[str]:
+    """The `tandem serve` command line of the peer benchmarks on model file `path`."""
     return [sys.executable, "-m", "app.cli", "serve", "--model", path, "--port", str(port),
             "--threads", str(threads), "--max-concurrency", str(SEQS),
             "--ctx-size", str(SEQ_TOKENS)]
 
 
 def llama_server_cmd(binary: str, path: str, port: int, threads: int) -> list[str]:
+    """The llama-server command line with the same sequences, threads and model."""
     return [binary, "-m", path, "--port", str(port), "--host", "127.0.0.1",
             "-t", str(threads), "-tb", str(threads), "-np", str(SEQS),
             "-c", str(SEQS * SEQ_TOKENS)]

@@ -3,7 +3,7 @@
 
 `app.bench.peer` runs each server alone for a whole round, a minute or more apart, and this
 machine's speed drifts more than that between rounds. Here a round is one request to each
-server, back to back (the order rotates), so drift cancels in the round's ratios: one
+server, back to back (the order goes through the permutations), so drift cancels in the round's ratios: one
 streaming client, greedy, the same conversation for the three, each request's throughput its
 completion tokens over its wall time (TTFT included). Idle, the servers take no CPU.
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import shlex
 import statistics
@@ -38,20 +39,25 @@ BASELINE = "llama_server"
 
 
 def floor_cmd(path: str, port: int, threads: int) -> list[str]:
+    """The command line of `app.bench.python_floor` on `path`, `port`, `threads`."""
     return [sys.executable, "-m", "app.bench.python_floor", "--model", path, "--port",
             str(port), "--threads", str(threads)]
 
 
-def rotation(systems: list[str], round_index: int) -> list[str]:
-    """The order of a round: `systems` rotated left by `round_index`."""
-    k = round_index % len(systems)
-    return systems[k:] + systems[:k]
+def round_order(systems: list[str], round_index: int) -> list[str]:
+    """The order of round `round_index`: the permutations of `systems` in turn, so that over
+    len(systems)! rounds each takes each place, and follows each other, equally often (the
+    one before can leave llama.cpp's workers spinning into the next request)."""
+    orders = list(itertools.permutations(systems))
+    return list(orders[round_index % len(orders)])
 
 
 def summarize(rounds: list[dict[str, dict[str, float]]]) -> dict:
     """`rounds[i][system] = {"tok_s", "ttft_ms"}` -> medians per system and, per system
     other than llama-server, the median and quartiles of `tok_s / llama-server's tok_s` over
-    the rounds. Raises statistics.StatisticsError for fewer than 2 rounds."""
+    the rounds. Raises ValueError for fewer than 2 rounds."""
+    if len(rounds) < 2:
+        raise ValueError(f"{len(rounds)} round(s): quartiles need 2 or more")
     systems = list(rounds[0])
     out: dict = {"rounds": len(rounds),
                  "throughput_tok_s": {s: median([r[s]["tok_s"] for r in rounds], 1)
@@ -83,7 +89,7 @@ async def _measure(urls: dict[str, str], models: dict[str, str], rounds: int,
         results = []
         for i, messages in enumerate(conversations):
             one_round = {}
-            for s in rotation(list(urls), i):
+            for s in round_order(list(urls), i):
                 start = time.perf_counter()
                 r = await stream_chat(clients[s], models[s], messages, max_tokens)
                 one_round[s] = {"tok_s": r.completion_tokens / (time.perf_counter() - start),

@@ -4,7 +4,8 @@ One llama.cpp sequence, requests served one at a time: a thread decodes one toke
 `llama_decode`, takes numpy's argmax of its logits and hands the bytes to the event loop, which
 frames them as OpenAI chat-completion chunks (`json`, sse-starlette's `ServerSentEvent`, as
 `tandem serve` does) and sends them from a bare ASGI app on uvicorn's httptools protocol. No
-engine (no scheduler, blocks, prefix cache, sampler, stop strings), no FastAPI. The previous
+engine (no scheduler, blocks, prefix cache, sampler, stop strings), no FastAPI. Its chunks
+are tandem's: the same fields, an opening role delta, content deltas, a finishing chunk. The previous
 request's KV is kept and its common prefix reused, as llama-server's `cache_prompt` does.
 
 The llama.cpp context is the one the peer benchmarks' `tandem serve --max-concurrency 16
@@ -53,7 +54,8 @@ def sse(obj: dict[str, Any]) -> bytes:
 
 
 class FloorModel:
-    """One llama.cpp sequence that keeps the last request's tokens for prefix reuse."""
+    """One llama.cpp sequence that keeps the last request's tokens for prefix reuse. Raises
+    RuntimeError if llama.cpp cannot create the context."""
 
     def __init__(self, path: str, threads: int):
         runtime.init_backend(False)
@@ -76,23 +78,30 @@ class FloorModel:
         b = self.batch
         b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0], b.logits[i] = token, pos, 1, 0, want
 
-    def generate(self, ids: list[int], max_tokens: int, emit: Callable[[bytes | None], None]):
-        """Greedy `max_tokens` after prompt `ids`; `emit(token bytes)` each, then `emit(None)`.
-        Raises ValueError if the prompt does not fit a sequence or one prefill batch."""
-        if len(ids) + max_tokens > SEQ_TOKENS:
-            raise ValueError(f"prompt + max_tokens exceed {SEQ_TOKENS} tokens")
+    def check(self, ids: list[int], max_tokens: int) -> None:
+        """Raises ValueError if the prompt does not fit one prefill batch, or prompt and
+        `max_tokens` a sequence."""
+        if not ids or len(ids) > MAX_BATCH:
+            raise ValueError(f"the prompt must have 1 to {MAX_BATCH} tokens")
+        if max_tokens < 1 or len(ids) + max_tokens > SEQ_TOKENS:
+            raise ValueError(f"max_tokens must be 1 or more, with the prompt at most "
+                             f"{SEQ_TOKENS} tokens")
+
+    def generate(self, ids: list[int], max_tokens: int,
+                 emit: Callable[[bytes | None], None]) -> list[int]:
+        """Greedy `max_tokens` after prompt `ids` (`check`ed); `emit(token bytes)` each, then
+        `emit(None)`; returns the token ids. Raises RuntimeError if `llama_decode` fails."""
         with self.lock:
             keep = 0
             while keep < min(len(self.cached), len(ids) - 1) and self.cached[keep] == ids[keep]:
                 keep += 1
             todo = ids[keep:]
-            if len(todo) > MAX_BATCH:
-                raise ValueError(f"more than {MAX_BATCH} uncached prompt tokens")
             L.llama_memory_seq_rm(L.llama_get_memory(self.ctx), 0, keep, -1)
-            self.cached = list(ids)
+            self.cached = ids[:keep]  # what the KV holds, until the decodes below succeed
             for i, token in enumerate(todo):
                 self._put(i, token, keep + i, i == len(todo) - 1)
             self.batch.n_tokens = len(todo)
+            output: list[int] = []
             for _ in range(max_tokens):
                 if L.llama_decode(self.ctx, self.batch) != 0:
                     raise RuntimeError("llama_decode failed")
@@ -100,10 +109,17 @@ class FloorModel:
                                                shape=(self.n_vocab,))
                 token = int(np.argmax(logits))
                 emit(self.tokenizer.token_bytes(token))
-                self._put(0, token, len(self.cached), True)
+                self._put(0, token, len(ids) + len(output), True)
                 self.batch.n_tokens = 1
-                self.cached.append(token)
+                output.append(token)
+            self.cached = ids + output[:-1]  # the last token was never decoded
             emit(None)
+            return output
+
+    def close(self) -> None:
+        L.llama_batch_free(self.batch)
+        L.llama_free(self.ctx)
+        L.llama_model_free(self.model)
 
 
 async def _read_json(receive) -> Any:
@@ -136,6 +152,7 @@ def make_app(floor: FloorModel, model_id: str):
             max_tokens = int(req.get("max_tokens") or 16)
             if not req.get("stream"):
                 raise ValueError("only streamed requests are served")
+            floor.check(ids, max_tokens)
         except (ValueError, KeyError, TypeError) as exc:
             await _answer(send, 400, _error(f"{type(exc).__name__}: {exc}"))
             return
@@ -152,8 +169,18 @@ def make_app(floor: FloorModel, model_id: str):
         threading.Thread(target=work, daemon=True).start()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
+        # the chunks tandem sends: fields, an opening role delta, content, a finishing chunk
         head = {"id": f"chatcmpl-floor-{time.monotonic_ns()}", "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": model_id}
+                "created": int(time.time()), "model": model_id,
+                "system_fingerprint": "python-floor"}
+
+        async def chunk(delta: dict[str, str], finish: str | None = None) -> None:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": sse({**head, "choices": [choice], "usage": None})})
+
+        await chunk({"role": "assistant", "content": ""})
+        # incomplete trailing bytes are dropped, not shown (as tandem does)
         text = codecs.getincrementaldecoder("utf-8")(errors="replace")
         n = 0
         while (piece := await pieces.get()) is not None:
@@ -162,10 +189,9 @@ def make_app(floor: FloorModel, model_id: str):
                             "body": sse(_error(f"{type(piece).__name__}: {piece}"))})
                 break
             n += 1
-            choice = {"index": 0, "delta": {"content": text.decode(piece)},
-                      "finish_reason": None}
-            await send({"type": "http.response.body", "more_body": True,
-                        "body": sse({**head, "choices": [choice], "usage": None})})
+            if content := text.decode(piece):
+                await chunk({"content": content})
+        await chunk({}, "length")
         usage = {"prompt_tokens": len(ids), "completion_tokens": n,
                  "total_tokens": len(ids) + n}
         await send({"type": "http.response.body", "more_body": False,
@@ -173,11 +199,6 @@ def make_app(floor: FloorModel, model_id: str):
                     + ServerSentEvent("[DONE]", sep="\n").encode()})
 
     async def app(scope, receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
         route = (scope["method"], scope["path"])
         if route == ("GET", "/health"):
             await _answer(send, 200, {"status": "ok"})
@@ -202,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     floor = FloorModel(args.model, args.threads)
     model_id = args.model.rsplit("/", 1)[-1].removesuffix(".gguf")
     uvicorn.run(make_app(floor, model_id), host="127.0.0.1", port=args.port, http="httptools",
-                log_level="warning")
+                lifespan="off", log_level="warning")
     return 0
 
 

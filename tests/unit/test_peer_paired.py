@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-import statistics
+import itertools
+from collections import Counter
 
 import pytest
 
-from app.bench.peer_paired import rotation, summarize
+from app.bench.peer_paired import round_order, summarize
 
 SYSTEMS = ["tandem", "llama_server", "python_floor"]
 
 
-def test_rotation_gives_each_system_each_place():
-    assert [rotation(SYSTEMS, i) for i in range(4)] == [
-        ["tandem", "llama_server", "python_floor"],
-        ["llama_server", "python_floor", "tandem"],
-        ["python_floor", "tandem", "llama_server"],
-        ["tandem", "llama_server", "python_floor"],
-    ]
+def test_round_order_balances_places_and_predecessors():
+    orders = [round_order(SYSTEMS, i) for i in range(6)]
+    assert orders[0] == ["tandem", "llama_server", "python_floor"]
+    assert round_order(SYSTEMS, 6) == orders[0]
+    assert len({tuple(o) for o in orders}) == 6
+    places = Counter((s, o.index(s)) for o in orders for s in o)
+    assert set(places.values()) == {2}  # each system in each place twice
+    pairs = Counter(p for o in orders for p in itertools.pairwise(o))
+    assert len(pairs) == 6 and set(pairs.values()) == {2}  # each follows each other twice
+    assert [round_order(["a", "b"], i) for i in range(3)] == [["a", "b"], ["b", "a"],
+                                                             ["a", "b"]]
 
 
 def test_summary_is_medians_of_per_round_ratios():
@@ -41,6 +46,6 @@ def test_summary_is_medians_of_per_round_ratios():
 
 
 def test_summary_needs_two_rounds():
-    with pytest.raises(statistics.StatisticsError):
+    with pytest.raises(ValueError, match="1 round"):
         summarize([{"tandem": {"tok_s": 1, "ttft_ms": 1},
                     "llama_server": {"tok_s": 1, "ttft_ms": 1}}])
