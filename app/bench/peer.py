@@ -57,6 +57,17 @@ def llama_server_cmd(binary: str, path: str, port: int, threads: int) -> list[st
             "-c", str(SEQS * SEQ_TOKENS)]
 
 
+def add_peer_args(p: argparse.ArgumentParser) -> None:
+    """The flags every peer benchmark takes: model, llama-server binary, threads, load."""
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--llama-server", default=None,
+                   help="binary (default: build or reuse via installers/build_llama_server.sh)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+
+
 def chosen(args) -> list[tuple[str, int, int]]:
     return [s for s in SCENARIOS if s[0] in args.scenarios]
 
@@ -117,14 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     from models.store import resolve_model
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--llama-server", default=None,
-                   help="binary (default: build or reuse via installers/build_llama_server.sh)")
-    p.add_argument("--threads", type=int, default=2)
+    add_peer_args(p)
     p.add_argument("--requests", type=int, default=16)
-    p.add_argument("--prompt-tokens", type=int, default=32)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=3,
                    help="rounds; each measures all three, in alternating order (default 3)")
     names = [name for name, _, _ in SCENARIOS]

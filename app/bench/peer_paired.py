@@ -30,10 +30,9 @@ import time
 import httpx
 
 from app.bench.http import SAMPLING, make_conversations, served_model, stream_chat
-from app.bench.peer import llama_server_binary, llama_server_cmd, tandem_cmd
+from app.bench.peer import add_peer_args, llama_server_binary, llama_server_cmd, tandem_cmd
 from app.bench.server_process import free_port, running
 from app.bench.stats import median
-from models.registry import DEFAULT_MODEL
 
 BASELINE = "llama_server"
 
@@ -103,14 +102,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m app.bench.peer_paired", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--llama-server", default=None,
-                   help="binary (default: build or reuse via installers/build_llama_server.sh)")
-    p.add_argument("--threads", type=int, default=2)
+    add_peer_args(p)
     p.add_argument("--rounds", type=int, default=24)
-    p.add_argument("--prompt-tokens", type=int, default=32)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-floor", action="store_true", help="leave the Python floor out")
     p.add_argument("--tandem-args", default="",
                    help='more `tandem serve` flags, one string, e.g. "--spec off"')
