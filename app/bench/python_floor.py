@@ -2,8 +2,8 @@
 
 One llama.cpp sequence, requests served one at a time: a thread decodes one token per
 `llama_decode`, takes numpy's argmax of its logits and hands the bytes to the event loop, which
-frames them as OpenAI chat-completion chunks (`json`, sse-starlette's `ServerSentEvent`, as
-`tandem serve` does) and sends them from a bare ASGI app on uvicorn's httptools protocol. No
+frames them as OpenAI chat-completion chunks (`tandem serve`'s own `sse`: `json` and
+sse-starlette's `ServerSentEvent`) and sends them from a bare ASGI app on uvicorn's httptools protocol. No
 engine (no scheduler, blocks, prefix cache, sampler, stop strings), no FastAPI. Its chunks
 are tandem's: the same fields, an opening role delta, content deltas, a finishing chunk. The previous
 request's KV is kept and its common prefix reused, as llama-server's `cache_prompt` does.
@@ -36,21 +36,16 @@ from typing import Any
 import llama_cpp as L
 import numpy as np
 import uvicorn
-from sse_starlette import ServerSentEvent
 
 from app.bench.peer import SEQ_TOKENS, SEQS
 from app.prompts import chat_prompt_ids
+from app.server.responses import SSE_DONE, sse
 from backends.llamacpp import runtime
 from backends.llamacpp.tokenizer import LlamaCppTokenizer
 
 MAX_BATCH = 512  # tokens per llama_decode, as tandem's runner
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-
-def sse(obj: dict[str, Any]) -> bytes:
-    return ServerSentEvent(json.dumps(obj, separators=(",", ":"), ensure_ascii=False),
-                           sep="\n").encode()
 
 
 class FloorModel:
@@ -196,7 +191,7 @@ def make_app(floor: FloorModel, model_id: str):
                  "total_tokens": len(ids) + n}
         await send({"type": "http.response.body", "more_body": False,
                     "body": sse({**head, "choices": [], "usage": usage})
-                    + ServerSentEvent("[DONE]", sep="\n").encode()})
+                    + SSE_DONE})
 
     async def app(scope, receive, send: Send) -> None:
         route = (scope["method"], scope["path"])

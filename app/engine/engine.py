@@ -24,7 +24,7 @@ from app.engine.config import EngineConfig, SchedulerConfig
 from app.engine.detokenizer import IncrementalDetokenizer
 from app.engine.remote_prefill import RemoteOutcome, RemotePrefill
 from app.engine.request import Request, RequestStatus
-from app.engine.sampler import distribution, position_rng, sample, seed_key
+from app.engine.sampler import distribution, is_plain_greedy, position_rng, sample, seed_key
 from app.engine.scheduler import Scheduler, SchedulerOutput
 from app.engine.slots import SlotPool
 from app.engine.spec_decode.speculator import Speculator
@@ -140,6 +140,7 @@ class LLMEngine:
         if arrival_time is not None:
             request.metrics.arrival_time = arrival_time
         request.seed_key = seed_key(params.seed)
+        request.plain_greedy = is_plain_greedy(params)
         request.detokenizer = IncrementalDetokenizer(self.runner.tokenizer.token_bytes, params.stop)
         self.requests[request_id] = request
         self.scheduler.add(request)
@@ -277,6 +278,11 @@ class LLMEngine:
         One `sample` call covers the whole batch; a batch without drafts is one row per
         request, the plain decode path.
         """
+        if plan.num_rows == len(plan.scheduled) and all(
+                s.num_rows == 1 and s.request.plain_greedy for s in plan.scheduled):
+            # the decode hot path: one greedy row per request, nothing else to compute
+            tokens = logits[:plan.num_rows].argmax(axis=1).tolist()
+            return {s.request: [(t, None)] for s, t in zip(plan.scheduled, tokens, strict=True)}
         rows_params, rows_prompt, rows_output, rows_rng = [], [], [], []
         owners: list[tuple[Request, int]] = []
         for s in plan.scheduled:

@@ -50,6 +50,7 @@ class Request:
     spec_state: dict = field(default_factory=dict)  # proposers' and controller's per-request state
     # set by the engine
     seed_key: int = 0
+    plain_greedy: bool = False  # sampler.is_plain_greedy(params): its row is a bare argmax
     detokenizer: IncrementalDetokenizer | None = None
 
     def __post_init__(self) -> None:

@@ -165,7 +165,7 @@ def sample(
             f"{len(output_ids)} outputs, {len(rngs)} generators"
         )
 
-    plain_greedy = [_is_plain_greedy(p) for p in params]
+    plain_greedy = [is_plain_greedy(p) for p in params]
     if all(plain_greedy):
         return SampleResult(np.argmax(logits, axis=1).astype(np.int64, copy=False), [None] * batch)
 
@@ -190,7 +190,8 @@ def sample(
     return SampleResult(tokens, logprobs)
 
 
-def _is_plain_greedy(p: SamplingParams) -> bool:
+def is_plain_greedy(p: SamplingParams) -> bool:
+    """Whether rows with `p` are a bare argmax: greedy, no penalties, logit_bias or logprobs."""
     return p.temperature < GREEDY_TEMPERATURE and p.logprobs is None and not has_penalties(p)
 
 

@@ -41,10 +41,13 @@ Choice = dict[str, Any]
 SEP = "\n"  # OpenAI's framing; sse-starlette's default is "\r\n"
 
 
+# one encoder for every event: `json.dumps` with options builds a new one per call
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def sse(obj: dict[str, Any]) -> bytes:
     """One event carrying `obj` as compact JSON (one `data:` line: JSON escapes newlines)."""
-    data = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    return ServerSentEvent(data, sep=SEP).encode()
+    return ServerSentEvent(_JSON.encode(obj), sep=SEP).encode()
 
 
 SSE_DONE = ServerSentEvent("[DONE]", sep=SEP).encode()

@@ -36,6 +36,8 @@ class TokenBatch:
             logits=self._want.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
         )
         self.n_outputs = 0
+        self._view: np.ndarray | None = None  # llama.cpp's logits buffer, see `logits`
+        self._view_addr = 0
         self._order: list[int] | None = None
         self._rows_per_item: list[int] = []
 
@@ -54,6 +56,13 @@ class TokenBatch:
         n = 0
         for item in items:
             k = len(item.tokens)
+            if k == 1:  # a decode: scalar writes cost a fraction of slice assignments
+                self._tok[n] = item.tokens[0]
+                self._pos[n] = item.start_pos
+                self._seq[n] = item.slot
+                self._want[n] = 1 if item.logits_indices else 0
+                n += 1
+                continue
             self._tok[n:n + k] = item.tokens
             self._pos[n:n + k] = np.arange(item.start_pos, item.start_pos + k, dtype=np.int32)
             self._seq[n:n + k] = item.slot
@@ -72,7 +81,15 @@ class TokenBatch:
         if self.n_outputs == 0:
             return np.empty((0, n_vocab), dtype=np.float32)
         ptr = L.llama_get_logits(ctx)
-        logits = np.ctypeslib.as_array(ptr, shape=(self.n_outputs, n_vocab))
+        addr = ctypes.addressof(ptr.contents)
+        view = self._view
+        if view is None or addr != self._view_addr or view.shape[0] < self.n_outputs \
+                or view.shape[1] != n_vocab:
+            # llama.cpp keeps its output buffer until a step needs more rows than it holds,
+            # so a view of the largest step seen at this address stays valid
+            view = self._view = np.ctypeslib.as_array(ptr, shape=(self.n_outputs, n_vocab))
+            self._view_addr = addr
+        logits = view[:self.n_outputs]
         if self._order is None:
             return logits
         starts = np.cumsum([0] + self._rows_per_item)
