@@ -8,11 +8,14 @@ streaming client, greedy, the same conversation for the three, each request's th
 completion tokens over its wall time (TTFT included). Idle, the servers take no CPU.
 
 Prints one JSON object: per system the median throughput (tok/s) and TTFT, and the median
-(with quartiles) of the per-round ratios to llama-server.
+(with quartiles) of the per-round ratios to llama-server. With `--decode-gaps`, tandem and
+the floor run under `app.bench.decode_probe`, and the object also has, per Python server, the
+median time between two one-token decodes and of a decode (`decode_gaps`), and tandem's gap
+over the floor's.
 
 usage: python -m app.bench.peer_paired [--model NAME] [--llama-server PATH] [--threads 2]
                                        [--rounds 24] [--max-tokens 128] [--no-floor]
-                                       [--tandem-args "--spec off"]
+                                       [--tandem-args "--spec off"] [--decode-gaps]
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 
 import httpx
@@ -41,6 +46,31 @@ def floor_cmd(path: str, port: int, threads: int) -> list[str]:
     """The command line of `app.bench.python_floor` on `path`, `port`, `threads`."""
     return [sys.executable, "-m", "app.bench.python_floor", "--model", path, "--port",
             str(port), "--threads", str(threads)]
+
+
+def probed(cmd: list[str], out: str) -> list[str]:
+    """`cmd` (`python -m MODULE ARGS`) run under `app.bench.decode_probe`, writing `out`."""
+    if cmd[:2] != [sys.executable, "-m"]:
+        raise ValueError(f"not a `python -m` command: {cmd[:3]}")
+    return [cmd[0], "-m", "app.bench.decode_probe", out, *cmd[2:]]
+
+
+def read_probe(path: str) -> dict | None:
+    """A probe's file, or None if its server left none (killed, or it failed to start)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def gap_summary(probes: dict[str, dict | None]) -> dict:
+    """The probes' medians per system, and tandem's gap over the floor's (when both ran)."""
+    out: dict = {"decode_gaps": probes}
+    gaps = {s: (p or {}).get("gap_us_p50") for s, p in probes.items()}
+    if gaps.get("tandem") and gaps.get("python_floor"):
+        out["gap_tandem_to_python_floor"] = round(gaps["tandem"] / gaps["python_floor"], 3)
+    return out
 
 
 def round_order(systems: list[str], round_index: int) -> list[str]:
@@ -107,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-floor", action="store_true", help="leave the Python floor out")
     p.add_argument("--tandem-args", default="",
                    help='more `tandem serve` flags, one string, e.g. "--spec off"')
+    p.add_argument("--decode-gaps", action="store_true",
+                   help="time the decodes of tandem and the floor (app.bench.decode_probe)")
     args = p.parse_args(argv)
     if args.rounds < 2:
         p.error("--rounds must be at least 2")
@@ -117,18 +149,24 @@ def main(argv: list[str] | None = None) -> int:
                 BASELINE: lambda m, port, t: llama_server_cmd(binary, m, port, t)}
     if not args.no_floor:
         commands["python_floor"] = floor_cmd
-    with contextlib.ExitStack() as stack:
-        urls = {}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        urls, probes = {}, {}
         for s, cmd in commands.items():
             port = free_port()
-            urls[s] = stack.enter_context(running(cmd(path, port, args.threads), port))
+            line = cmd(path, port, args.threads)
+            if args.decode_gaps and s != BASELINE:
+                probes[s] = os.path.join(tmp, f"{s}.json")
+                line = probed(line, probes[s])
+            urls[s] = stack.enter_context(running(line, port))
         models = {s: served_model(u) for s, u in urls.items()}
         rounds = asyncio.run(_measure(urls, models, args.rounds, args.prompt_tokens,
                                       args.max_tokens, args.seed))
+        stack.close()  # the servers stop, and the probes write their files
+        gaps = gap_summary({s: read_probe(f) for s, f in probes.items()}) if probes else {}
     print(json.dumps({"scenario": "short_c1_paired", "model": args.model,
                       "threads": args.threads, "max_tokens": args.max_tokens,
                       "tandem_args": extra,
-                      "sampling": SAMPLING, **summarize(rounds)}), flush=True)
+                      "sampling": SAMPLING, **summarize(rounds), **gaps}), flush=True)
     return 0
 
 

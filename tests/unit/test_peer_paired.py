@@ -1,13 +1,15 @@
-"""The paired peer benchmark's round order and summary arithmetic."""
+"""The paired peer benchmark's round order, summary arithmetic and decode-gap probes."""
 
 from __future__ import annotations
 
 import itertools
+import json
+import sys
 from collections import Counter
 
 import pytest
 
-from app.bench.peer_paired import round_order, summarize
+from app.bench.peer_paired import gap_summary, probed, read_probe, round_order, summarize
 
 SYSTEMS = ["tandem", "llama_server", "python_floor"]
 
@@ -49,3 +51,27 @@ def test_summary_needs_two_rounds():
     with pytest.raises(ValueError, match="1 round"):
         summarize([{"tandem": {"tok_s": 1, "ttft_ms": 1},
                     "llama_server": {"tok_s": 1, "ttft_ms": 1}}])
+
+
+def test_probed_runs_the_module_under_the_probe():
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", "8"]
+    assert probed(cmd, "/t/tandem.json") == [sys.executable, "-m", "app.bench.decode_probe",
+                                             "/t/tandem.json", "app.cli", "serve", "--port", "8"]
+    with pytest.raises(ValueError, match="not a `python -m` command"):
+        probed(["/bin/llama-server", "-m", "model.gguf"], "/t/x.json")
+
+
+def test_gap_summary_and_probe_files(tmp_path):
+    good = tmp_path / "tandem.json"
+    good.write_text(json.dumps({"decodes": 9, "decode_us_p50": 9000.0, "gaps": 7,
+                                "gap_us_p50": 450.0}))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    floor = {"decodes": 9, "decode_us_p50": 8900.0, "gaps": 7, "gap_us_p50": 225.0}
+    tandem = read_probe(str(good))
+    assert gap_summary({"tandem": tandem, "python_floor": floor}) == {
+        "decode_gaps": {"tandem": tandem, "python_floor": floor},
+        "gap_tandem_to_python_floor": 2.0}
+    assert read_probe(str(bad)) is None and read_probe(str(tmp_path / "none.json")) is None
+    assert gap_summary({"tandem": tandem, "python_floor": None}) == {
+        "decode_gaps": {"tandem": tandem, "python_floor": None}}
