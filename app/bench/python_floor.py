@@ -2,11 +2,12 @@
 
 One llama.cpp sequence, requests served one at a time: a thread decodes one token per
 `llama_decode`, takes numpy's argmax of its logits and hands the bytes to the event loop, which
-frames them as OpenAI chat-completion chunks (`tandem serve`'s own `sse`: `json` and
-sse-starlette's `ServerSentEvent`) and sends them from a bare ASGI app on uvicorn's httptools protocol. No
-engine (no scheduler, blocks, prefix cache, sampler, stop strings), no FastAPI. Its chunks
-are tandem's: the same fields, an opening role delta, content deltas, a finishing chunk. The previous
-request's KV is kept and its common prefix reused, as llama-server's `cache_prompt` does.
+frames them as OpenAI chat-completion chunks (`tandem serve`'s own `app.server.sse`: `json`
+and sse-starlette's `ServerSentEvent`) and sends them from a bare ASGI app on uvicorn's
+httptools protocol. No engine (no scheduler, blocks, prefix cache, sampler, stop strings),
+no FastAPI. Its chunks are tandem's: the same fields, an opening role delta, content deltas,
+a finishing chunk. The previous request's KV is kept and its common prefix reused, as
+llama-server's `cache_prompt` does.
 
 The llama.cpp context is the one the peer benchmarks' `tandem serve --max-concurrency 16
 --ctx-size 2048` builds (split layout, 16 x 2048 cells, flash attention auto), so its greedy
@@ -39,7 +40,7 @@ import uvicorn
 
 from app.bench.peer import SEQ_TOKENS, SEQS
 from app.prompts import chat_prompt_ids
-from app.server.responses import SSE_DONE, sse
+from app.server.sse import SSE_DONE, sse
 from backends.llamacpp import runtime
 from backends.llamacpp.tokenizer import LlamaCppTokenizer
 

@@ -24,7 +24,7 @@ from app.engine.config import EngineConfig, SchedulerConfig
 from app.engine.detokenizer import IncrementalDetokenizer
 from app.engine.remote_prefill import RemoteOutcome, RemotePrefill
 from app.engine.request import Request, RequestStatus
-from app.engine.sampler import distribution, is_plain_greedy, position_rng, sample, seed_key
+from app.engine.sampler import distribution, position_rng, sample, seed_key
 from app.engine.scheduler import Scheduler, SchedulerOutput
 from app.engine.slots import SlotPool
 from app.engine.spec_decode.speculator import Speculator
@@ -140,7 +140,6 @@ class LLMEngine:
         if arrival_time is not None:
             request.metrics.arrival_time = arrival_time
         request.seed_key = seed_key(params.seed)
-        request.plain_greedy = is_plain_greedy(params)
         request.detokenizer = IncrementalDetokenizer(self.runner.tokenizer.token_bytes, params.stop)
         self.requests[request_id] = request
         self.scheduler.add(request)
@@ -275,8 +274,9 @@ class LLMEngine:
         Row j of a request samples its output position `num_output + j`, with penalties over
         the history that includes the drafts before it: exactly what plain decoding would do
         had those drafts been generated (which is the only case in which row j is used).
-        One `sample` call covers the whole batch; a batch without drafts is one row per
-        request, the plain decode path.
+        One `sample` call covers the whole batch. A batch of one plain-greedy row per
+        request (`Request.plain_greedy`, no drafts: the steady decode of greedy requests)
+        is one argmax instead, with the sampler's tie rule (lowest id).
         """
         if plan.num_rows == len(plan.scheduled) and all(
                 s.num_rows == 1 and s.request.plain_greedy for s in plan.scheduled):

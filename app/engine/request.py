@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from app.engine.detokenizer import IncrementalDetokenizer
+from app.engine.sampler import is_plain_greedy
 from app.engine.types import RequestMetrics, SamplingParams
 
 
@@ -50,10 +51,11 @@ class Request:
     spec_state: dict = field(default_factory=dict)  # proposers' and controller's per-request state
     # set by the engine
     seed_key: int = 0
-    plain_greedy: bool = False  # sampler.is_plain_greedy(params): its row is a bare argmax
+    plain_greedy: bool = field(init=False, default=False)  # is_plain_greedy(params)
     detokenizer: IncrementalDetokenizer | None = None
 
     def __post_init__(self) -> None:
+        self.plain_greedy = is_plain_greedy(self.params)  # its row is a bare argmax
         if not self.token_ids:
             self.token_ids = list(self.prompt_ids)
         self.metrics.prompt_tokens = len(self.prompt_ids)

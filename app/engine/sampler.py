@@ -153,8 +153,8 @@ def sample(
     Returns a `SampleResult`. Raises ValueError on mismatched lengths, a non-2-D `logits`, an
     out-of-range penalty or logit_bias token id, or a sampled row whose largest logit is NaN or -inf.
 
-    All-greedy batches without penalties, logit_bias or logprobs (the decode hot path) are one
-    ``argmax`` over ``[B, V]``.
+    All-greedy batches without penalties, logit_bias or logprobs are one ``argmax`` over
+    ``[B, V]`` (the engine takes the same shortcut itself for decode steps without drafts).
     """
     if logits.ndim != 2:
         raise ValueError(f"logits must be [batch, vocab], got shape {logits.shape}")

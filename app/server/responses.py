@@ -2,14 +2,12 @@
 
 `respond` answers a request whose jobs are submitted: a JSON body once every choice has
 finished, or a stream of chunks (`stream_chunks`) in OpenAI's server-sent-event framing
-(`data: {json}\\n\\n`, ending with `data: [DONE]`): events framed by sse-starlette's
-`ServerSentEvent`, sent by Starlette's `StreamingResponse`. Both cancel the engine streams
-when the client goes away.
+(`data: {json}\\n\\n`, ending with `data: [DONE]`; `app.server.sse`), sent by Starlette's
+`StreamingResponse`. Both cancel the engine streams when the client goes away.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -18,7 +16,6 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from sse_starlette import ServerSentEvent
 from starlette.background import BackgroundTask
 
 from app.engine.types import RequestOutput
@@ -34,23 +31,11 @@ from app.server.generation import (
     until_disconnect,
     usage,
 )
+from app.server.sse import SSE_DONE, sse
 
 log = logging.getLogger("tandem.server")
 
 Choice = dict[str, Any]
-SEP = "\n"  # OpenAI's framing; sse-starlette's default is "\r\n"
-
-
-# one encoder for every event: `json.dumps` with options builds a new one per call
-_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-
-
-def sse(obj: dict[str, Any]) -> bytes:
-    """One event carrying `obj` as compact JSON (one `data:` line: JSON escapes newlines)."""
-    return ServerSentEvent(_JSON.encode(obj), sep=SEP).encode()
-
-
-SSE_DONE = ServerSentEvent("[DONE]", sep=SEP).encode()
 
 
 def stream_error(exc: BaseException) -> bytes:

@@ -77,10 +77,12 @@ class TokenBatch:
     def logits(self, ctx: L.llama_context_p, n_vocab: int) -> np.ndarray:
         """float32 `[n_outputs, n_vocab]` after `llama_decode`, rows in the item order given to
         `fill`: a view of llama.cpp's buffer (valid until the next decode), or a copy if the
-        items were reordered."""
+        items were reordered. Raises RuntimeError if llama.cpp has no logits buffer."""
         if self.n_outputs == 0:
             return np.empty((0, n_vocab), dtype=np.float32)
         ptr = L.llama_get_logits(ctx)
+        if not ptr:
+            raise RuntimeError("llama.cpp returned no logits for the step")
         addr = ctypes.addressof(ptr.contents)
         view = self._view
         if view is None or addr != self._view_addr or view.shape[0] < self.n_outputs \

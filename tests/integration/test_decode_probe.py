@@ -1,45 +1,15 @@
-"""`app.bench.decode_probe`: which decodes and gaps it times, and what it writes when the
-server it runs stops (the Python floor under it, two requests)."""
+"""`app.bench.decode_probe` around a real server: what it writes when the server stops (the
+Python floor under it, two requests)."""
 
 from __future__ import annotations
 
 import json
 import sys
-from types import SimpleNamespace
 
 import httpx
-import pytest
 
-import app.bench.decode_probe as probe
-from app.bench.decode_probe import DecodeTimes
 from app.bench.http import SAMPLING
 from app.bench.server_process import free_port, running
-
-
-def test_gaps_are_between_one_token_decodes(monkeypatch):
-    # decode k runs from 10k to 10k + 3 seconds: every gap is 7 s, every decode 3 s
-    clock = iter(t for k in range(8) for t in (10.0 * k, 10.0 * k + 3))
-    monkeypatch.setattr(probe.time, "perf_counter", lambda: next(clock))
-    times = DecodeTimes()
-
-    def decode(ctx, batch):
-        if batch.n_tokens == 0:
-            raise RuntimeError("llama_decode failed")
-        return 0
-
-    timed = times.wrap(decode)
-    for n in [5, 1, 1, 1, 3, 1, 1]:
-        assert timed(None, SimpleNamespace(n_tokens=n)) == 0
-    with pytest.raises(RuntimeError):
-        timed(None, SimpleNamespace(n_tokens=0))
-    # 1-1, 1-1 after the prefill; 1-1 after the 3-token step; none around the failure
-    assert times.summary() == {"decodes": 8, "decode_us_p50": 3e6, "gaps": 3,
-                               "gap_us_p50": 7e6}
-
-
-def test_nothing_to_take_a_median_of():
-    assert DecodeTimes().summary() == {"decodes": 0, "decode_us_p50": None, "gaps": 0,
-                                       "gap_us_p50": None}
 
 
 def test_the_floor_under_the_probe(embedded_model_path, tmp_path):

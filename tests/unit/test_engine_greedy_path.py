@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import app.engine.engine as engine_mod
+from app.engine.engine import ScheduledRequest, StepPlan
 from app.engine.types import SamplingParams
 from tests.unit.helpers import greedy, make
 
@@ -71,3 +72,17 @@ def test_a_row_that_is_not_plain_greedy_takes_the_sampler(monkeypatch, params):
     monkeypatch.setattr(engine_mod, "sample", _no_sample)
     with pytest.raises(AssertionError, match="the general sampler ran"):
         eng.step()
+
+
+def test_a_plan_with_a_draft_row_takes_the_sampler_even_when_rows_equal_requests():
+    # as many rows as requests, but not one each: a prefill chunk (no row) beside a decode
+    # with one draft (two rows); pairing rows with requests one to one would be wrong
+    _, eng = make()
+    a = eng.add_request("a", [1, 2, 3], greedy(4))
+    b = eng.add_request("b", [5, 6, 7, 8], greedy(4))
+    a.spec_token_ids = [4]
+    plan = StepPlan(scheduled=[ScheduledRequest(a, 2, 2, 1, 0, 2),
+                               ScheduledRequest(b, 0, 2, 0, 2, 0)], num_rows=2)
+    logits = np.zeros((2, 16), dtype=np.float32)
+    logits[0, 7] = logits[1, 9] = 1.0
+    assert eng._sample(plan, logits) == {a: [(7, None), (9, None)]}

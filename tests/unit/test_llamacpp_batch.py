@@ -63,9 +63,11 @@ def test_logits_follow_the_output_buffer(monkeypatch):
     b = TokenBatch(8)
     b.fill([BatchItem(0, [1, 2], 0, [], [0, 1])])
     assert b.logits(None, 3).tolist() == [[0, 1, 2], [3, 4, 5]]
+    kept = b._view
     b.fill([BatchItem(0, [3], 2, [], [0])])
     one = b.logits(None, 3)
     assert one.tolist() == [[0, 1, 2]] and np.shares_memory(one, np.ctypeslib.as_array(out.current))
+    assert b._view is kept  # the same buffer: no new view
     # llama.cpp reallocated its buffer (a step needed more rows): the rows come from the new one
     out.current = out.new(rows=4)
     assert b.logits(None, 3).tolist() == [[100, 101, 102]]
@@ -79,3 +81,12 @@ def test_logits_of_reordered_items_come_back_in_item_order(monkeypatch):
     b.fill([BatchItem(3, [1], 0, [], [0]), BatchItem(1, [2, 3], 0, [], [0, 1])], slot_order=True)
     # llama.cpp's rows are slot 1's two, then slot 3's
     assert b.logits(None, 2).tolist() == [[4, 5], [0, 1], [2, 3]]
+
+
+def test_no_logits_buffer_is_an_error(monkeypatch):
+    monkeypatch.setattr(batch_mod.L, "llama_get_logits",
+                        lambda ctx: ctypes.POINTER(ctypes.c_float)())
+    b = TokenBatch(4)
+    b.fill([BatchItem(0, [1], 0, [], [0])])
+    with pytest.raises(RuntimeError, match="llama.cpp returned no logits for the step"):
+        b.logits(None, 3)
