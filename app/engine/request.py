@@ -49,9 +49,9 @@ class Request:
     prompt_block_hashes: list[bytes] | None = None  # chained hashes of full prompt blocks
     spec_token_ids: list[int] = field(default_factory=list)
     spec_state: dict = field(default_factory=dict)  # proposers' and controller's per-request state
+    plain_greedy: bool = field(init=False, default=False)  # is_plain_greedy(params)
     # set by the engine
     seed_key: int = 0
-    plain_greedy: bool = field(init=False, default=False)  # is_plain_greedy(params)
     detokenizer: IncrementalDetokenizer | None = None
 
     def __post_init__(self) -> None:
