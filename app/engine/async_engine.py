@@ -81,7 +81,8 @@ class AsyncEngine:
         self.context_length = engine.context_length
         self.max_waiting = engine.config.scheduler.max_waiting
         self.consumer_wait_s = 0.05  # see _deliver
-        self._in_flight: list[threading.Event] = []  # the last step's deliveries
+        self._couriers: dict[asyncio.AbstractEventLoop, _Courier] = {}
+        self._in_flight: list[_Courier] = []  # where the last step's outputs went
         self.arrival_gap_s = 0.005  # seconds; see _collect_arrivals
         self.arrival_window_s = 0.2  # seconds
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -206,12 +207,8 @@ class AsyncEngine:
                     running = self._handle(self._inbox.get(), outputs)
                     if running and self.engine.has_work():
                         running = self._collect_arrivals(outputs)
-                while running:
-                    try:
-                        cmd = self._inbox.get_nowait()
-                    except queue.Empty:
-                        break
-                    running = self._handle(cmd, outputs)
+                while running and not self._inbox.empty():  # this thread alone takes
+                    running = self._handle(self._inbox.get_nowait(), outputs)
                 if running and self.engine.has_work():
                     outputs.extend(self.engine.step())
                 self._stats = self.engine.stats()
@@ -268,19 +265,23 @@ class AsyncEngine:
         deadline = time.perf_counter() + self.consumer_wait_s
         self._wait_in_flight(deadline)
         for loop, pairs in by_loop.items():
-            event = threading.Event()
+            courier = self._couriers.get(loop)
+            if courier is None:
+                courier = self._couriers[loop] = _Courier()
             try:
-                loop.call_soon_threadsafe(_put_all, loop, pairs, event)
-                self._in_flight.append(event)
+                loop.call_soon_threadsafe(courier.put_all, loop, pairs, courier.sent + 1)
             except RuntimeError:
-                pass  # the consumer's loop is closed
+                del self._couriers[loop]  # the consumer's loop is closed
+                continue
+            courier.sent += 1
+            self._in_flight.append(courier)
         if len(outputs) > 1:
             self._wait_in_flight(deadline)
 
     def _wait_in_flight(self, deadline: float) -> None:
         """Until the consumers have handled the deliveries in flight (or `deadline`)."""
-        for event in self._in_flight:
-            event.wait(max(0.0, deadline - time.perf_counter()))
+        for courier in self._in_flight:
+            courier.wait(deadline)
         self._in_flight = []
 
     def _deliver_error(self, request_id: str, exc: BaseException) -> None:
@@ -295,9 +296,33 @@ class AsyncEngine:
             pass
 
 
-def _put_all(loop: asyncio.AbstractEventLoop, pairs: list[tuple[RequestStream, RequestOutput]],
-             handled: threading.Event) -> None:
-    for stream, out in pairs:
-        stream._put(out)
-    # queued behind the consumers the puts just woke, so it fires once they have run
-    loop.call_soon(handled.set)
+class _Courier:
+    """Deliveries to one event loop: `sent` is counted by the step thread, `handled` by the
+    loop once the streams it fed have run. One per loop for the engine's life, so a step's
+    delivery creates no synchronisation objects."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.handled = 0
+        self._cond = threading.Condition(threading.Lock())
+
+    def put_all(self, loop: asyncio.AbstractEventLoop,
+                pairs: list[tuple[RequestStream, RequestOutput]], number: int) -> None:
+        """On the loop: hand the outputs to their streams; mark delivery `number` handled
+        once the consumers it woke have run (the mark is queued behind them)."""
+        for stream, out in pairs:
+            stream._put(out)
+        loop.call_soon(self._mark, number)
+
+    def _mark(self, number: int) -> None:
+        with self._cond:
+            self.handled = number
+            self._cond.notify_all()
+
+    def wait(self, deadline: float) -> None:
+        """On the step thread: until every delivery sent is handled, or `deadline`."""
+        if self.handled >= self.sent:
+            return
+        with self._cond:
+            self._cond.wait_for(lambda: self.handled >= self.sent,
+                                max(0.0, deadline - time.perf_counter()))

@@ -7,7 +7,8 @@
 `shrink` + runner `truncate`), appends the accepted tokens one at a time through the same
 stop / EOS / length checks, stopping at the first that ends the request, and only then
 registers full blocks of verified tokens in the prefix cache (vLLM v1's
-`update_from_output`).
+`update_from_output`): a prefill chunk's at once, decoded ones `DECODE_HASH_BATCH_TOKENS` at a
+time and the rest when the request leaves its slot.
 
 Single-threaded by design; `AsyncEngine` drives it from its own thread.
 """
@@ -39,6 +40,12 @@ from app.engine.types import (
 from backends.base import BatchItem, KVResidency, LayerKV, Runner
 
 __all__ = ["EngineConfig", "LLMEngine", "SchedulerConfig", "StepResult"]
+
+# Decoded tokens enter the prefix cache this many at a time, and the rest when the request
+# ends or is preempted (`Scheduler._free`); a prompt's blocks enter it as soon as computed,
+# for the requests waiting to share them. With one-token blocks a hash call per decoded token
+# is a measurable part of a step at one user (README, Benchmarks).
+DECODE_HASH_BATCH_TOKENS = 16
 
 # (token id, (chosen logprob, top list) or None): one sampled position
 Sampled = tuple[int, tuple[float, list[tuple[int, float]]] | None]
@@ -229,6 +236,9 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running, self.scheduler.waiting,
                                     self.scheduler.config.max_num_batched_tokens)
+        lone = self._lone_decode()
+        if lone is not None:
+            return lone
         sched = self.scheduler.schedule()
         if not sched:
             return StepResult()
@@ -239,6 +249,36 @@ class LLMEngine:
         sampled = self._sample(plan, logits)
         self._verify_sampled_drafts(plan, logits, sampled)
         return self._commit(plan, sampled)
+
+    def _lone_decode(self) -> StepResult | None:
+        """The steady decode of a lone plain-greedy request, without the plan: exactly what
+        `schedule`, `_build_batch`, `_sample` and `_commit` do for it (a block for the next
+        position, its last token computed there, one argmax, the same commit) without the
+        scheduler's pass and the plan's objects: at one user, that Python is what a token
+        costs beside the decode (README, Benchmarks).
+
+        Returns None, changing nothing, for any other step: more requests running or
+        waiting, a prefill, drafts proposed, a request that samples, or no free block for
+        the token (the scheduler preempts then)."""
+        sched = self.scheduler
+        if len(sched.running) != 1 or sched.waiting:
+            return None
+        r = sched.running[0]
+        start = r.num_computed_tokens
+        if (r.num_tokens - start != 1 or r.spec_token_ids or not r.plain_greedy
+                or not self.block_manager.allocate(r, start + 1)):
+            return None
+        logits = self.runner.execute([BatchItem(r.slot, r.token_ids[start:], start,
+                                                r.block_table, [0])])
+        token = int(logits[0].argmax())  # the lowest id on a tie, as `_sample`
+        now = time.perf_counter()
+        r.num_computed_tokens = start + 1
+        text, reason = self._append_token(r, token, now)
+        self._cache_verified(r, start + 1)
+        if reason is not None:
+            text += self._end(r, reason, now)
+        return StepResult([self._output(r, text, [token], None)],
+                          {r.request_id: range(start, start + 1)})
 
     def _build_batch(self, sched: SchedulerOutput) -> StepPlan:
         plan = StepPlan()
@@ -370,19 +410,31 @@ class LLMEngine:
                     break
             verified = min(valid, r.num_tokens)
             r.num_computed_tokens = verified
-            self.block_manager.cache_full_blocks(r, verified)
+            self._cache_verified(r, verified)
             result.computed[r.request_id] = range(s.start, verified)
             if reason is not None:
-                if not r.detokenizer.stopped:
-                    text += r.detokenizer.flush()
-                metrics.finish_time = now
-                self._finish(r, reason)
+                text += self._end(r, reason, now)
             elif valid < s.start + s.num_tokens:
                 # roll back the rejected drafts' KV and the blocks only they used
                 self.residency.truncate(r.slot, verified)
                 self.block_manager.shrink(r, r.num_tokens)
             result.outputs.append(self._output(r, text, token_ids, logprobs or None))
         return result
+
+    def _cache_verified(self, r: Request, verified: int) -> None:
+        """Register `r`'s blocks full of its first `verified` tokens in the prefix cache: a
+        prompt's at once, decoded ones `DECODE_HASH_BATCH_TOKENS` at a time."""
+        bs = self.block_manager.block_size
+        if (r.num_hashed_blocks < r.num_prompt_tokens // bs
+                or verified - r.num_hashed_blocks * bs >= DECODE_HASH_BATCH_TOKENS):
+            self.block_manager.cache_full_blocks(r, verified)
+
+    def _end(self, r: Request, reason: str, now: float) -> str:
+        """Finish `r` after its last token; returns the text its detokenizer still held."""
+        text = "" if r.detokenizer.stopped else r.detokenizer.flush()
+        r.metrics.finish_time = now
+        self._finish(r, reason)
+        return text
 
     def _append_token(self, request: Request, token: int, now: float) -> tuple[str, str | None]:
         """Append one accepted token; returns (its new text, finish reason or None)."""

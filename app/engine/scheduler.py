@@ -246,6 +246,9 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def _free(self, request: Request) -> None:
+        # the commit registers decoded tokens in batches: the rest of them now, so that the
+        # whole verified sequence stays restorable
+        self.block_manager.cache_full_blocks(request, request.num_computed_tokens)
         n_keep = request.num_hashed_blocks
         self.block_manager.free(request)
         if request.slot is not None:

@@ -38,11 +38,18 @@ def test_accepts_prefix_and_rolls_back_the_rest(drafts, emitted, computed, block
     assert req.spec_token_ids == []
     m = req.metrics
     assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens) == (1, 3, len(emitted) - 1)
-    # only blocks full of verified tokens are in the prefix cache
-    assert req.num_hashed_blocks == computed // 4
+    # the prompt's full block is in the prefix cache at once, decoded ones in batches
+    assert req.num_hashed_blocks == 1
+    cached = dict(eng.block_manager.cached)
     # rejected blocks went back to the head of the free queue: reused first
     freed = sorted(set([0, 1, 2]) - set(blocks))
     assert list(eng.block_manager.free_queue)[:len(freed)] == freed
+    # leaving its slot, the request registers exactly its blocks full of verified tokens
+    eng.abort("a")
+    bm = eng.block_manager
+    assert len(bm.cached) == computed // 4
+    assert bm.cached == {**cached, **{bm.blocks[b].block_hash: b for b in blocks[:computed // 4]}}
+    assert list(bm.cached.values()) == blocks[:computed // 4]
 
 
 def test_next_step_after_rollback_recomputes_from_the_first_rejected_position():
@@ -109,6 +116,7 @@ def test_requests_with_different_draft_lengths_verify_in_one_step():
 def test_shrink_refuses_to_drop_cached_blocks():
     runner, eng, req, _ = decoding([7, 8, 9])
     eng.step()
+    eng.block_manager.cache_full_blocks(req, req.num_computed_tokens)
     assert req.num_hashed_blocks == 2
     with pytest.raises(ValueError, match="verified"):
         eng.block_manager.shrink(req, 4)

@@ -1,11 +1,14 @@
 """The adaptive draft controller on exact curves and acceptance estimates."""
 
+import random
+
 import pytest
 
 from app.engine.spec_decode.controller import (
     AcceptanceEstimate,
     StepTimeCurve,
     allocate_drafts,
+    drafts_may_pay,
     step_seconds,
 )
 
@@ -90,3 +93,49 @@ def test_equal_split_drafts_for_everyone_or_no_one():
     assert alone == [0]
     # counted as one pass of the total, the same draft pays
     assert allocate_drafts(c, [1, 1, 1, 1], 4, [[0.5] * 8], [8], owners=[0]) != [0]
+
+
+# the embedded model's step-time profile as `tandem` measured it on this project's CPU
+MEASURED_CPU = StepTimeCurve({1: 1.0, 2: 1.918, 3: 2.354, 4: 2.887, 5: 3.762, 6: 4.309,
+                              8: 5.292, 16: 9.371})
+
+
+def test_ceiling_is_the_highest_rate_before_the_next_observation():
+    est = AcceptanceEstimate(2, prior=0.5, decay=1.0)
+    assert est.ceiling() == 0.5
+    est.observe(2, 2)
+    assert est.rates() == [0.75, 0.75] and est.ceiling() == 0.75
+    est.forget(0.5)  # towards the prior: under the ceiling
+    assert est.rates() == pytest.approx([2 / 3, 2 / 3]) and est.ceiling() == 0.75
+    est.observe(2, 0)  # position 1 rejected, position 2 not reached
+    assert est.rates() == pytest.approx([0.4, 2 / 3]) and est.ceiling() == pytest.approx(2 / 3)
+
+
+def test_acceptance_bound_on_the_measured_cpu_curve():
+    # n-gram drafts start at 0.6: at best 1 + .6 + .36 + ... tokens for t(1 + D) >= 1.9 t(1)
+    assert not drafts_may_pay(MEASURED_CPU, 1, 1, [0.6], 8, 8)
+    # 0.8 could: 1 + .8 + .64 + .512 = 2.95 tokens in t(4) = 2.887
+    assert drafts_may_pay(MEASURED_CPU, 1, 1, [0.8], 8, 8)
+    assert not drafts_may_pay(MEASURED_CPU, 1, 1, [0.8], 1, 8)  # one draft at most: 1.8 / 1.918
+    assert not drafts_may_pay(MEASURED_CPU, 1, 1, [0.0], 8, 8)  # a sequence that never drafts
+    assert drafts_may_pay(FLAT, 16, 16, [0.1] * 16, 8, 128)
+
+
+def test_acceptance_bound_never_skips_what_allocate_drafts_would_give():
+    rng = random.Random(0)
+    skipped = drafted = 0
+    for _ in range(400):
+        n = rng.randint(1, 4)
+        points, t = {1: 1.0}, 1.0
+        for k in (2, 3, 4, 6, 8, 12, 16, 32):
+            t += rng.uniform(0.0, 1.2) * (k - max(points))
+            points[k] = t
+        curve = StepTimeCurve(points)
+        ceilings = [rng.random() for _ in range(n)]
+        rates = [[rng.uniform(0.0, c) for _ in range(8)] for c in ceilings]
+        ks = allocate_drafts(curve, [1] * n, n, rates, [8] * n, margin=0.0)
+        may = drafts_may_pay(curve, n, n, ceilings, 8, 8 * n)
+        assert may or not any(ks), (points, ceilings, ks)
+        skipped += not may
+        drafted += any(ks)
+    assert skipped > 50 and drafted > 50  # both kinds of case were met

@@ -1,9 +1,11 @@
 """n-gram prompt lookup, Predicted Outputs, and the speculator in the engine's step over
 the fake runner (next token = token + 1)."""
 
+import pytest
+
 from app.engine.config import SpecConfig
 from app.engine.request import Request
-from app.engine.spec_decode.controller import StepTimeCurve
+from app.engine.spec_decode.controller import AcceptanceEstimate, StepTimeCurve
 from app.engine.spec_decode.ngram import NgramIndex
 from app.engine.spec_decode.proposer import NgramProposer, PredictionProposer
 from app.engine.spec_decode.speculator import Speculator
@@ -11,6 +13,9 @@ from app.engine.types import SamplingParams
 from tests.unit.helpers import greedy, make, planned, run_all
 
 FLAT = StepTimeCurve({1: 1.0, 64: 1.01})
+# the embedded model's step-time profile as `tandem` measured it on this project's CPU
+MEASURED_CPU = StepTimeCurve({1: 1.0, 2: 1.918, 3: 2.354, 4: 2.887, 5: 3.762, 6: 4.309,
+                              8: 5.292, 16: 9.371})
 
 
 def test_ngram_index_proposes_what_followed_the_latest_earlier_match():
@@ -102,6 +107,46 @@ def test_k_zero_is_exactly_the_plain_step():
     # drafts cannot pay on this curve even if all were accepted: the proposers never ran
     assert eng.speculator.stats.snapshot()["chosen_k"] == {}
     assert req.spec_state == {}
+
+
+def test_ngram_drafts_that_cannot_pay_are_not_even_proposed():
+    # one user, an n-gram match to draft from, but n-gram drafts start at 0.6 acceptance:
+    # on this curve no number of them can pay, so the proposers do not run
+    runner, eng = spec_engine(curve=MEASURED_CPU)
+    req = eng.add_request("a", [1, 2, 3, 4, 1, 2], greedy(8))
+    assert run_all(eng)["a"] == [3, 4, 5, 6, 7, 8, 9, 10]
+    assert all(len(item.tokens) == 1 for step in runner.steps[1:] for item in step)
+    assert eng.speculator.stats.snapshot()["chosen_k"] == {}
+    assert "ngram" not in req.spec_state
+
+
+def test_a_prediction_is_still_tried_on_the_measured_cpu_curve():
+    # a prediction starts at 0.9: three drafts could pay (3.44 tokens in t(4) = 2.887)
+    runner, eng = spec_engine(curve=MEASURED_CPU)
+    req = eng.add_request("a", [1, 2], SamplingParams(temperature=0, max_tokens=6,
+                                                      ignore_eos=True,
+                                                      prediction=[3, 4, 5, 6, 7, 8]))
+    assert run_all(eng)["a"] == [3, 4, 5, 6, 7, 8]
+    assert runner.steps[1][0].tokens == [3, 4, 5, 6]
+    assert req.metrics.accepted_prediction_tokens == 3
+
+
+def test_a_sequences_own_acceptance_can_lift_its_ceiling_above_the_global_one():
+    sp = Speculator(SpecConfig(mode="auto"), MEASURED_CPU, 1024)
+    good = Request("good", [1, 2, 3], greedy(50))
+    good.spec_state["source"] = "ngram:2"
+    for _ in range(5):
+        sp.observe(good, 8, 8)  # good's drafts are all accepted
+    own = good.spec_state["estimate:ngram:2"].ceiling()
+    assert own == pytest.approx((sum(0.9 ** i for i in range(5)) + 0.6) /
+                                (sum(0.9 ** i for i in range(5)) + 1))  # 0.92
+    # other sequences' drafts of that kind did badly since: the global estimate fell
+    sp.global_estimates["ngram:2"] = AcceptanceEstimate(8, prior=0.2)
+    sp._global_ceilings = None
+    assert sp._ceiling(good) == own
+    assert sp._ceiling(Request("new", [1, 2, 3], greedy(50))) == 0.6  # a new sequence: the prior
+    assert sp._ceiling(Request("opted-out", [1], SamplingParams(speculative=False))) == 0.0
+    assert sp._ceiling(Request("predicted", [1], SamplingParams(prediction=[2, 3]))) == 0.9
 
 
 def test_drafts_can_pay_bound():

@@ -79,11 +79,20 @@ class AcceptanceEstimate:
                       else list(prior)[:max_k])
         self.accepted = [0.0] * max_k
         self.reached = [0.0] * max_k
+        self._ceiling: float | None = None
 
     def rates(self) -> list[float]:
         w = self.prior_weight
         return [(a + p * w) / (r + w)
                 for a, r, p in zip(self.accepted, self.reached, self.prior, strict=True)]
+
+    def ceiling(self) -> float:
+        """The highest rate, at any position, this estimate can give before its next
+        `observe`: `forget` moves each rate towards its prior and never past it, so that is
+        max(rate, prior) over positions."""
+        if self._ceiling is None:
+            self._ceiling = max(max(self.rates(), default=0.0), max(self.prior, default=0.0))
+        return self._ceiling
 
     def forget(self, factor: float) -> None:
         """Scale the counts by `factor`: the estimate drifts back towards the prior."""
@@ -96,6 +105,7 @@ class AcceptanceEstimate:
         for j in range(min(num_drafted, num_accepted + 1, self.max_k)):
             self.accepted[j] = self.accepted[j] * self.decay + (j < num_accepted)
             self.reached[j] = self.reached[j] * self.decay + 1.0
+        self._ceiling = None
 
 
 def step_seconds(curve: StepTimeCurve, counts: Sequence[int], equal_split: bool,
@@ -147,6 +157,25 @@ def drafts_can_pay(curve: StepTimeCurve, total: int, num_decoding: int, max_draf
     base = num_decoding / curve(max(total, 1))
     return any((num_decoding + d * best_rate) / curve(total + d) > base
                for d in range(1, max_drafts + 1))
+
+
+def drafts_may_pay(curve: StepTimeCurve, total: int, num_decoding: int,
+                   ceilings: Sequence[float], max_k: int, max_drafts: int) -> bool:
+    """Whether drafts could raise tokens per second for a step of `total` tokens with
+    `num_decoding` decoding sequences, where the candidates' conditional acceptance rates are
+    at most `ceilings` (one per candidate, `AcceptanceEstimate.ceiling`). Candidate i's j-th
+    draft token (j <= `max_k`) gains at most ceiling_i ** j, the product of j rates each at
+    most ceiling_i, so `allocate_drafts`'s D largest gains are at most the D largest of those
+    (D <= `max_drafts`): False means it would give every candidate k = 0."""
+    gains = sorted((c ** j for c in ceilings if c > 0 for j in range(1, max_k + 1)),
+                   reverse=True)[:max(max_drafts, 0)]
+    base = num_decoding / curve(max(total, 1))
+    expected = float(num_decoding)
+    for d, gain in enumerate(gains, 1):
+        expected += gain
+        if expected / curve(total + d) > base:
+            return True
+    return False
 
 
 def allocate_drafts(curve: StepTimeCurve, base_counts: Sequence[int], num_decoding: int,

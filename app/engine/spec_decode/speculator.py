@@ -17,6 +17,7 @@ from app.engine.spec_decode.controller import (
     StepTimeCurve,
     allocate_drafts,
     drafts_can_pay,
+    drafts_may_pay,
 )
 from app.engine.spec_decode.draft_model import PENDING, DraftModelProposer
 from app.engine.spec_decode.proposer import NgramProposer, PredictionProposer, Proposer
@@ -88,7 +89,11 @@ class Speculator:
         # mostly the reply) and learns from every verification.
         self.global_estimates: dict[str, AcceptanceEstimate] = {}
         self.stats = SpecStats(self.max_k)
-        self._can_pay: dict[tuple[int, int], bool] = {}  # (step tokens, decoding) -> bound
+        # (step tokens, decoding) -> the shape bound; (that, ceilings) -> the acceptance bound
+        self._can_pay: dict[tuple, bool] = {}
+        # highest acceptance a new kind of draft starts from, without / with a prediction;
+        # None: recompute (a global estimate was created or observed)
+        self._global_ceilings: tuple[float, float] | None = None
 
     def _cap(self, r: Request) -> int:
         cap = min(self.max_k, self.context_length - r.num_tokens - 1)
@@ -162,8 +167,13 @@ class Speculator:
                 self._global(kind).forget(0.999)
 
     def _may_pay(self, running: list[Request], waiting: Iterable[Request], budget: int) -> bool:
-        """Whether drafts could pay in this step even if all were accepted (cached by the
-        step's shape): on a compute-bound step the proposers do not even run."""
+        """Whether drafts could pay in this step; if not, the proposers do not even run.
+
+        Two upper bounds. By the step's shape (cached): even drafts accepted at
+        `BEST_ACCEPTANCE` cannot pay on a compute-bound step. By acceptance: each decoding
+        sequence's drafts are accepted at most at its `_ceiling`, and on a steep curve a
+        sequence whose drafts are accepted 60% of the time cannot gain (`drafts_may_pay`).
+        Either False means `allocate_drafts` would give every sequence k = 0."""
         total = decoding = 0
         for r in running:
             todo = r.num_tokens - r.num_computed_tokens
@@ -171,14 +181,38 @@ class Speculator:
             decoding += todo == 1
         total += sum(r.num_tokens - r.num_computed_tokens for r in waiting)
         key = (min(total, budget), decoding)
+        max_drafts = min(decoding * self.max_k, budget - key[0])
+        if len(self._can_pay) > 4096:
+            self._can_pay.clear()
         verdict = self._can_pay.get(key)
         if verdict is None:
-            if len(self._can_pay) > 4096:
-                self._can_pay.clear()
             # the draft model's own cost only lowers the bound: leave it out
-            verdict = self._can_pay[key] = drafts_can_pay(
-                self.curve, key[0], decoding, min(decoding * self.max_k, budget - key[0]))
+            verdict = self._can_pay[key] = drafts_can_pay(self.curve, key[0], decoding,
+                                                          max_drafts)
+        if not verdict:
+            return False
+        ceilings = tuple(self._ceiling(r) for r in running
+                         if r.num_tokens - r.num_computed_tokens == 1)
+        verdict = self._can_pay.get((key, ceilings))
+        if verdict is None:
+            verdict = self._can_pay[key, ceilings] = drafts_may_pay(
+                self.curve, key[0], decoding, ceilings, self.max_k, max_drafts)
         return verdict
+
+    def _ceiling(self, r: Request) -> float:
+        """The highest conditional acceptance any draft of `r` can be estimated at before the
+        next verification: its own estimates' ceilings, and those a kind of draft it has
+        not drafted yet would start from (the global estimates and their priors)."""
+        if not r.params.speculative:
+            return 0.0
+        if self._global_ceilings is None:
+            plain = max([PRIOR] + [g.ceiling() for kind, g in self.global_estimates.items()
+                                   if kind != "prediction"])
+            pred = self.global_estimates.get("prediction")
+            self._global_ceilings = (plain, max(plain, PREDICTION_PRIOR,
+                                                pred.ceiling() if pred else 0.0))
+        start = self._global_ceilings[r.params.prediction is not None]
+        return max(start, r.spec_state.get("ceiling", 0.0))
 
     def fill(self, scheduled: Iterable[Request]) -> None:
         """After scheduling: the draft model computes the drafts it was given room for."""
@@ -191,6 +225,7 @@ class Speculator:
             prior = PREDICTION_PRIOR if kind == "prediction" else PRIOR
             est = self.global_estimates[kind] = AcceptanceEstimate(self.max_k, prior=prior,
                                                                    decay=0.98)
+            self._global_ceilings = None
         return est
 
     def _estimate(self, r: Request, kind: str) -> AcceptanceEstimate:
@@ -199,6 +234,7 @@ class Speculator:
         if est is None:
             est = AcceptanceEstimate(self.max_k, prior=self._global(kind).rates())
             r.spec_state[key] = est
+            r.spec_state["ceiling"] = max(r.spec_state.get("ceiling", 0.0), est.ceiling())
         return est
 
     def observe(self, r: Request, num_drafted: int, num_accepted: int) -> None:
@@ -206,6 +242,9 @@ class Speculator:
         name = r.spec_state.get("source", "ngram:0")
         self._estimate(r, name).observe(num_drafted, num_accepted)
         self._global(name).observe(num_drafted, num_accepted)
+        self._global_ceilings = None
+        r.spec_state["ceiling"] = max(est.ceiling() for key, est in r.spec_state.items()
+                                      if key.startswith("estimate:"))
         s = self.stats
         s.drafts += 1
         s.draft_tokens += num_drafted
