@@ -1,9 +1,15 @@
-"""Shared setup for engine tests over `FakeRunner`: an engine, greedy params, the step plan."""
+"""Shared setup for engine tests over `FakeRunner`: an engine, greedy params, the step plan,
+the step-time curve measured on this project's CPU."""
 
 from app.engine.engine import EngineConfig, LLMEngine
 from app.engine.scheduler import SchedulerConfig
+from app.engine.spec_decode.controller import StepTimeCurve
 from app.engine.types import SamplingParams
 from tests.fakes.runner import FakeRunner
+
+# the embedded model's step-time profile as `tandem` measured it on this project's CPU
+MEASURED_CPU = StepTimeCurve({1: 1.0, 2: 1.918, 3: 2.354, 4: 2.887, 5: 3.762, 6: 4.309,
+                              8: 5.292, 16: 9.371})
 
 
 def make(num_blocks=64, block_size=4, budget=8, max_seqs=4, slots=8):

@@ -11,6 +11,7 @@ from app.engine.spec_decode.controller import (
     drafts_may_pay,
     step_seconds,
 )
+from tests.unit.helpers import MEASURED_CPU
 
 # t(n)/t(1) measured on this project's 2-core CPU (raw llama.cpp, embedded model)
 CPU = StepTimeCurve({1: 1.0, 2: 1.48, 3: 2.12, 4: 2.14, 5: 2.59, 8: 3.89, 9: 4.4, 16: 8.1,
@@ -94,10 +95,6 @@ def test_equal_split_drafts_for_everyone_or_no_one():
     # counted as one pass of the total, the same draft pays
     assert allocate_drafts(c, [1, 1, 1, 1], 4, [[0.5] * 8], [8], owners=[0]) != [0]
 
-
-# the embedded model's step-time profile as `tandem` measured it on this project's CPU
-MEASURED_CPU = StepTimeCurve({1: 1.0, 2: 1.918, 3: 2.354, 4: 2.887, 5: 3.762, 6: 4.309,
-                              8: 5.292, 16: 9.371})
 
 
 def test_ceiling_is_the_highest_rate_before_the_next_observation():

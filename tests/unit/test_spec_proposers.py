@@ -10,12 +10,9 @@ from app.engine.spec_decode.ngram import NgramIndex
 from app.engine.spec_decode.proposer import NgramProposer, PredictionProposer
 from app.engine.spec_decode.speculator import Speculator
 from app.engine.types import SamplingParams
-from tests.unit.helpers import greedy, make, planned, run_all
+from tests.unit.helpers import MEASURED_CPU, greedy, make, planned, run_all
 
 FLAT = StepTimeCurve({1: 1.0, 64: 1.01})
-# the embedded model's step-time profile as `tandem` measured it on this project's CPU
-MEASURED_CPU = StepTimeCurve({1: 1.0, 2: 1.918, 3: 2.354, 4: 2.887, 5: 3.762, 6: 4.309,
-                              8: 5.292, 16: 9.371})
 
 
 def test_ngram_index_proposes_what_followed_the_latest_earlier_match():
