@@ -267,9 +267,9 @@ class AsyncEngine:
         for loop, pairs in by_loop.items():
             courier = self._couriers.get(loop)
             if courier is None:
-                courier = self._couriers[loop] = _Courier()
+                courier = self._couriers[loop] = _Courier(loop)
             try:
-                loop.call_soon_threadsafe(courier.put_all, loop, pairs, courier.sent + 1)
+                loop.call_soon_threadsafe(courier.put_all, pairs, courier.sent + 1)
             except RuntimeError:
                 del self._couriers[loop]  # the consumer's loop is closed
                 continue
@@ -301,18 +301,18 @@ class _Courier:
     loop once the streams it fed have run. One per loop for the engine's life, so a step's
     delivery creates no synchronisation objects."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
         self.sent = 0
         self.handled = 0
         self._cond = threading.Condition(threading.Lock())
 
-    def put_all(self, loop: asyncio.AbstractEventLoop,
-                pairs: list[tuple[RequestStream, RequestOutput]], number: int) -> None:
+    def put_all(self, pairs: list[tuple[RequestStream, RequestOutput]], number: int) -> None:
         """On the loop: hand the outputs to their streams; mark delivery `number` handled
         once the consumers it woke have run (the mark is queued behind them)."""
         for stream, out in pairs:
             stream._put(out)
-        loop.call_soon(self._mark, number)
+        self.loop.call_soon(self._mark, number)
 
     def _mark(self, number: int) -> None:
         with self._cond:
