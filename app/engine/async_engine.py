@@ -91,6 +91,7 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._outstanding = 0
         self._stats = engine.stats()
+        engine.scheduler.defer_releases = True  # see _loop
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="tandem-step", daemon=True)
         self._thread.start()
@@ -212,13 +213,15 @@ class AsyncEngine:
                 if running and self.engine.has_work():
                     outputs.extend(self.engine.step())
                 self._stats = self.engine.stats()
+                if outputs:
+                    self._deliver(outputs)
+                # finished requests' slots: after their last outputs are on their way
+                self.engine.scheduler.release_finished()
             except Exception as exc:  # noqa: BLE001 - a backend failure ends every stream
                 self._error = exc
                 for request_id in list(self._streams):
                     self._deliver_error(request_id, RuntimeError(f"engine failed: {exc}"))
                 return
-            if outputs:
-                self._deliver(outputs)
 
     def _collect_arrivals(self, outputs: list[RequestOutput]) -> bool:
         """After idling, take commands that keep arriving less than `arrival_gap_s` apart

@@ -233,6 +233,7 @@ class LLMEngine:
     def execute_step(self) -> StepResult:
         """plan -> build batch -> execute -> sample/verify -> commit. Raises RuntimeError
         from the runner (the step's requests are then in an undefined state)."""
+        self.scheduler.release_finished()
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running, self.scheduler.waiting,
                                     self.scheduler.config.max_num_batched_tokens)

@@ -80,6 +80,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.remote: RemotePrefill | None = None
         self.remote_prefilling: list[Request] = []
+        # True: a finished request's slot is released by `release_finished`, not by `finish`
+        self.defer_releases = False
+        self._finished_slots: list[tuple[int, int]] = []  # (slot, blocks to keep)
 
     @property
     def has_work(self) -> bool:
@@ -245,22 +248,38 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
 
-    def _free(self, request: Request) -> None:
+    def _free(self, request: Request, defer: bool = False) -> None:
         # the commit registers decoded tokens in batches: the rest of them now, so that the
         # whole verified sequence stays restorable
         self.block_manager.cache_full_blocks(request, request.num_computed_tokens)
         n_keep = request.num_hashed_blocks
         self.block_manager.free(request)
         if request.slot is not None:
-            self.residency.release(request.slot, n_keep)
-            self.slots.release(request.slot)
+            if defer:
+                self._finished_slots.append((request.slot, n_keep))
+            else:
+                self._release(request.slot, n_keep)
             request.slot = None
+
+    def _release(self, slot: int, n_keep: int) -> None:
+        self.residency.release(slot, n_keep)
+        self.slots.release(slot)
+
+    def release_finished(self) -> None:
+        """Release the slots of the requests finished since the last call (with
+        `defer_releases`): their cached prefix is saved to host memory (llama.cpp: a copy of
+        megabytes, milliseconds) and the slot freed for the next admission. Deferred so that
+        a finished request's last output can be delivered before that copy; it must run
+        before anything else touches the runner's KV, so `LLMEngine.execute_step` calls it
+        first. In the order the requests finished."""
+        while self._finished_slots:
+            self._release(*self._finished_slots.pop(0))
 
     def finish(self, request: Request, reason: str) -> None:
         """Mark a request finished (`stop`, `length` or `abort`) and return its resources."""
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
-            self._free(request)
+            self._free(request, self.defer_releases)
         elif request.status is RequestStatus.REMOTE_PREFILL:
             self.remote_prefilling.remove(request)
             self._free(request)

@@ -5,6 +5,14 @@ from __future__ import annotations
 import ctypes
 
 import llama_cpp as L
+import numpy as np
+
+Buffer = np.ndarray | ctypes.Array | bytes | bytearray  # a blob: any bytes-like object
+
+
+def _pointer(blob: Buffer) -> ctypes._Pointer:
+    """`blob`'s first byte as llama.cpp's `uint8_t *`, without a copy."""
+    return np.frombuffer(blob, dtype=np.uint8).ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
 class ContextMemory:
@@ -23,15 +31,18 @@ class ContextMemory:
         """Drop `seq` from its cells at positions `[p0, p1)`."""
         L.llama_memory_seq_rm(self._mem, seq, p0, p1)
 
-    def state_get(self, seq: int) -> ctypes.Array:
-        """`seq`'s KV as a host-memory blob. Raises RuntimeError if llama.cpp cannot save it."""
+    def state_get(self, seq: int) -> np.ndarray:
+        """`seq`'s KV as a host-memory blob (uint8). Its pages are first touched by llama.cpp's
+        copy, which runs without the GIL: a blob is megabytes, and zero-filling it first (as
+        a ctypes array does) would hold the GIL through thousands of page faults. Raises
+        RuntimeError if llama.cpp cannot save it."""
         size = L.llama_state_seq_get_size(self._ctx, seq)
-        blob = (ctypes.c_uint8 * size)()
-        if L.llama_state_seq_get_data(self._ctx, blob, size, seq) != size:
+        blob = np.empty(size, dtype=np.uint8)
+        if L.llama_state_seq_get_data(self._ctx, _pointer(blob), size, seq) != size:
             raise RuntimeError("llama.cpp could not save a sequence's KV")
         return blob
 
-    def state_set(self, seq: int, blob: ctypes.Array) -> None:
+    def state_set(self, seq: int, blob: Buffer) -> None:
         """Replace `seq`'s KV with a blob from `state_get`. Raises RuntimeError if refused."""
-        if L.llama_state_seq_set_data(self._ctx, blob, len(blob), seq) == 0:
+        if L.llama_state_seq_set_data(self._ctx, _pointer(blob), len(blob), seq) == 0:
             raise RuntimeError("llama.cpp refused to restore a saved prefix")
