@@ -3,8 +3,8 @@
 One llama.cpp sequence, requests served one at a time: a thread decodes one token per
 `llama_decode`, takes numpy's argmax of its logits and hands the bytes to the event loop, which
 frames them as OpenAI chat-completion chunks (`tandem serve`'s own `app.server.sse`: `json`
-and sse-starlette's `ServerSentEvent`) and sends them from a bare ASGI app on uvicorn's
-httptools protocol. No engine (no scheduler, blocks, prefix cache, sampler, stop strings),
+and sse-starlette's `ServerSentEvent`, text chunks from an `SSETemplate`) and sends them
+from a bare ASGI app on uvicorn's httptools protocol. No engine (no scheduler, blocks, prefix cache, sampler, stop strings),
 no FastAPI. Its chunks are tandem's: the same fields, an opening role delta, content deltas,
 a finishing chunk. The previous request's KV is kept and its common prefix reused, as
 llama-server's `cache_prompt` does.
@@ -40,7 +40,7 @@ import uvicorn
 
 from app.bench.peer import SEQ_TOKENS, SEQS
 from app.prompts import chat_prompt_ids
-from app.server.sse import SSE_DONE, sse
+from app.server.sse import SSE_DONE, SSETemplate, sse
 from backends.llamacpp import runtime
 from backends.llamacpp.tokenizer import LlamaCppTokenizer
 
@@ -170,11 +170,15 @@ def make_app(floor: FloorModel, model_id: str):
                 "created": int(time.time()), "model": model_id,
                 "system_fingerprint": "python-floor"}
 
-        async def chunk(delta: dict[str, str], finish: str | None = None) -> None:
+        def event(delta: dict[str, str], finish: str | None = None) -> dict[str, Any]:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            await send({"type": "http.response.body", "more_body": True,
-                        "body": sse({**head, "choices": [choice], "usage": None})})
+            return {**head, "choices": [choice], "usage": None}
 
+        async def chunk(delta: dict[str, str], finish: str | None = None) -> None:
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": sse(event(delta, finish))})
+
+        text_event = SSETemplate(lambda t: event({"content": t}))  # as tandem's text chunks
         await chunk({"role": "assistant", "content": ""})
         # incomplete trailing bytes are dropped, not shown (as tandem does)
         text = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -186,7 +190,8 @@ def make_app(floor: FloorModel, model_id: str):
                 break
             n += 1
             if content := text.decode(piece):
-                await chunk({"content": content})
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": text_event(content)})
         await chunk({}, "length")
         usage = {"prompt_tokens": len(ids), "completion_tokens": n,
                  "total_tokens": len(ids) + n}

@@ -31,7 +31,7 @@ from app.server.generation import (
     until_disconnect,
     usage,
 )
-from app.server.sse import SSE_DONE, sse
+from app.server.sse import SSE_DONE, SSETemplate, sse
 
 log = logging.getLogger("tandem.server")
 
@@ -98,20 +98,36 @@ async def stream_chunks(
     base: dict[str, Any],
     include_usage: bool,
     opening: Callable[[int, Job], Choice | None],
-    content: Callable[[int, ChoiceState, RequestOutput], Choice | None],
+    content: Callable[[int, ChoiceState, RequestOutput], Choice | str | None],
     last: Callable[[ChoiceState], Choice],
+    text_choice: Callable[[int, str], Choice],
 ) -> AsyncIterator[bytes]:
     """The chunk events of a streamed response: `{**base, "choices": [choice]}` for
     `opening(position, job)` of each job (if not None), `content(position, state, output)`
     of each engine output (if not None), `last(state)` when a choice finishes; then, with
     `include_usage`, a chunk with `choices: []` and the usage (earlier chunks carry
-    `"usage": null`); an error event if generation fails; finally `[DONE]`."""
+    `"usage": null`); an error event if generation fails; finally `[DONE]`.
 
-    def chunk(choice: Choice) -> bytes:
+    `content` may return a string: the choice `text_choice(job index, text)`, the common
+    chunk that carries only text, whose bytes come from an `SSETemplate` per choice."""
+
+    def wrap(choice: Choice) -> dict[str, Any]:
         obj = {**base, "choices": [choice]}
         if include_usage:
             obj["usage"] = None
-        return sse(obj)
+        return obj
+
+    def chunk(choice: Choice) -> bytes:
+        return sse(wrap(choice))
+
+    templates: dict[int, SSETemplate] = {}
+
+    def text_chunk(pos: int, text: str) -> bytes:
+        template = templates.get(pos)
+        if template is None:
+            index = jobs[pos].index
+            template = templates[pos] = SSETemplate(lambda t: wrap(text_choice(index, t)))
+        return template(text)
 
     states = [ChoiceState(job) for job in jobs]
     outputs = merge_outputs(streams, ctx.metrics)
@@ -127,7 +143,9 @@ async def stream_chunks(
             state = states[pos]
             state.add(out)
             choice = content(pos, state, out)
-            if choice is not None:
+            if isinstance(choice, str):
+                yield text_chunk(pos, choice)
+            elif choice is not None:
                 yield chunk(choice)
             if out.finished:
                 yield chunk(last(state))

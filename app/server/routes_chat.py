@@ -168,13 +168,11 @@ def _chunks(
                lp: Any = None) -> Choice:
         return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
 
-    def content(pos: int, state: ChoiceState, out: Any) -> Choice | None:
-        lp = None
+    def content(pos: int, state: ChoiceState, out: Any) -> Choice | str | None:
         if top is not None and out.logprobs:
             lp = {"content": chat_content(out.logprobs, ctx.engine.tokenizer, top)}
-        if out.text or lp is not None:
             return choice(state.job.index, {"content": out.text}, lp=lp)
-        return None
+        return out.text or None  # the text alone: `text_choice`
 
     return stream_chunks(
         ctx, streams, jobs, envelope(head, "chat.completion.chunk"),
@@ -182,4 +180,5 @@ def _chunks(
         opening=lambda pos, job: choice(job.index, {"role": "assistant", "content": ""}),
         content=content,
         last=lambda state: choice(state.job.index, {}, finish=state.finish_reason),
+        text_choice=lambda index, text: choice(index, {"content": text}),
     )

@@ -169,13 +169,15 @@ def _chunks(
         lp = builder.echo(echo.token_texts(), echo.text) if builder else None
         return choice(job.index, echo.text, lp)
 
-    def content(pos: int, state: ChoiceState, out: Any) -> Choice | None:
+    def content(pos: int, state: ChoiceState, out: Any) -> Choice | str | None:
         builder = builders[pos]
-        lp = builder.add(out.logprobs or []) if builder and out.logprobs else None
-        return choice(state.job.index, out.text, lp) if out.text or lp is not None else None
+        if builder and out.logprobs:
+            return choice(state.job.index, out.text, builder.add(out.logprobs))
+        return out.text or None  # the text alone: `text_choice`
 
     return stream_chunks(
         ctx, streams, jobs, envelope(head, "text_completion"),
         include_usage, opening=opening, content=content,
         last=lambda state: choice(state.job.index, "", finish=state.finish_reason),
+        text_choice=choice,
     )
