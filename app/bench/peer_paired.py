@@ -13,9 +13,16 @@ the floor run under `app.bench.decode_probe`, and the object also has, per Pytho
 median time between two one-token decodes and of a decode (`decode_gaps`), and tandem's gap
 over the floor's.
 
+With `--replicas K`, each system runs as K processes (`tandem`, `tandem#2`, ...) and a round
+is one request to each process; a system's throughput in a round is the mean over its
+processes. On this project's 2-core VM two identical servers measured in one run can differ
+by up to 10% in decode time for the life of the process, so one process per system measures
+that luck as much as the servers; `by_process` shows each process's median.
+
 usage: python -m app.bench.peer_paired [--model NAME] [--llama-server PATH] [--threads 2]
                                        [--rounds 24] [--max-tokens 128] [--no-floor]
                                        [--tandem-args "--spec off"] [--decode-gaps]
+                                       [--replicas 1]
 """
 
 from __future__ import annotations
@@ -64,12 +71,28 @@ def read_probe(path: str) -> dict | None:
         return None
 
 
+def process_name(system: str, replica: int) -> str:
+    """The name of `system`'s process number `replica` (0: the system's own name)."""
+    return system if replica == 0 else f"{system}#{replica + 1}"
+
+
+def system_of(process: str) -> str:
+    """The system a process name belongs to."""
+    return process.split("#", 1)[0]
+
+
 def gap_summary(probes: dict[str, dict | None]) -> dict:
-    """The probes' medians per system, and tandem's gap over the floor's (when both ran)."""
+    """The probes' medians per process, and tandem's gap over the floor's (when both ran;
+    with replicas, the mean of each system's processes' medians)."""
     out: dict = {"decode_gaps": probes}
-    gaps = {s: (p or {}).get("gap_us_p50") for s, p in probes.items()}
+    gaps: dict[str, list[float]] = {}
+    for process, probe in probes.items():
+        gap = (probe or {}).get("gap_us_p50")
+        if gap:
+            gaps.setdefault(system_of(process), []).append(gap)
     if gaps.get("tandem") and gaps.get("python_floor"):
-        out["gap_tandem_to_python_floor"] = round(gaps["tandem"] / gaps["python_floor"], 3)
+        out["gap_tandem_to_python_floor"] = round(
+            statistics.fmean(gaps["tandem"]) / statistics.fmean(gaps["python_floor"]), 3)
     return out
 
 
@@ -79,6 +102,21 @@ def round_order(systems: list[str], round_index: int) -> list[str]:
     one before can leave llama.cpp's workers spinning into the next request)."""
     orders = list(itertools.permutations(systems))
     return list(orders[round_index % len(orders)])
+
+
+def process_order(systems: list[str], replicas: int, round_index: int) -> list[str]:
+    """The processes' order in round `round_index`: for each replica in turn, the systems in
+    `round_order` of a different round, so that a process rarely follows its own system."""
+    return [process_name(s, k) for k in range(replicas)
+            for s in round_order(systems, round_index + k)]
+
+
+def per_system(rounds: list[dict[str, dict[str, float]]],
+               systems: list[str]) -> list[dict[str, dict[str, float]]]:
+    """Rounds by process -> rounds by system (in `systems`' order): the mean of each system's
+    processes' `tok_s` and `ttft_ms`."""
+    return [{s: {k: statistics.fmean(m[k] for p, m in r.items() if system_of(p) == s)
+                 for k in ("tok_s", "ttft_ms")} for s in systems} for r in rounds]
 
 
 def summarize(rounds: list[dict[str, dict[str, float]]]) -> dict:
@@ -104,8 +142,9 @@ def summarize(rounds: list[dict[str, dict[str, float]]]) -> dict:
     return out
 
 
-async def _measure(urls: dict[str, str], models: dict[str, str], rounds: int,
-                   prompt_tokens: int, max_tokens: int, seed: int) -> list[dict]:
+async def _measure(urls: dict[str, str], models: dict[str, str], systems: list[str],
+                   replicas: int, rounds: int, prompt_tokens: int, max_tokens: int,
+                   seed: int) -> list[dict]:
     conversations = make_conversations(rounds, prompt_tokens, 0, seed)
     timeout = httpx.Timeout(3600.0, connect=30.0)
     async with contextlib.AsyncExitStack() as stack:
@@ -118,7 +157,7 @@ async def _measure(urls: dict[str, str], models: dict[str, str], rounds: int,
         results = []
         for i, messages in enumerate(conversations):
             one_round = {}
-            for s in round_order(list(urls), i):
+            for s in process_order(systems, replicas, i):
                 start = time.perf_counter()
                 r = await stream_chat(clients[s], models[s], messages, max_tokens)
                 one_round[s] = {"tok_s": r.completion_tokens / (time.perf_counter() - start),
@@ -139,9 +178,13 @@ def main(argv: list[str] | None = None) -> int:
                    help='more `tandem serve` flags, one string, e.g. "--spec off"')
     p.add_argument("--decode-gaps", action="store_true",
                    help="time the decodes of tandem and the floor (app.bench.decode_probe)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="processes per system, measured in turn in every round (default 1)")
     args = p.parse_args(argv)
     if args.rounds < 2:
         p.error("--rounds must be at least 2")
+    if args.replicas < 1:
+        p.error("--replicas must be at least 1")
     path = str(resolve_model(args.model))
     binary = llama_server_binary(args.llama_server)
     extra = shlex.split(args.tandem_args)
@@ -151,22 +194,27 @@ def main(argv: list[str] | None = None) -> int:
         commands["python_floor"] = floor_cmd
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         urls, probes = {}, {}
-        for s, cmd in commands.items():
-            port = free_port()
-            line = cmd(path, port, args.threads)
-            if args.decode_gaps and s != BASELINE:
-                probes[s] = os.path.join(tmp, f"{s}.json")
-                line = probed(line, probes[s])
-            urls[s] = stack.enter_context(running(line, port))
+        for k in range(args.replicas):
+            for s, cmd in commands.items():
+                name, port = process_name(s, k), free_port()
+                line = cmd(path, port, args.threads)
+                if args.decode_gaps and s != BASELINE:
+                    probes[name] = os.path.join(tmp, f"{name}.json")
+                    line = probed(line, probes[name])
+                urls[name] = stack.enter_context(running(line, port))
         models = {s: served_model(u) for s, u in urls.items()}
-        rounds = asyncio.run(_measure(urls, models, args.rounds, args.prompt_tokens,
-                                      args.max_tokens, args.seed))
+        rounds = asyncio.run(_measure(urls, models, list(commands), args.replicas,
+                                      args.rounds, args.prompt_tokens, args.max_tokens,
+                                      args.seed))
         stack.close()  # the servers stop, and the probes write their files
         gaps = gap_summary({s: read_probe(f) for s, f in probes.items()}) if probes else {}
+    by_process = ({"by_process": {p: median([r[p]["tok_s"] for r in rounds], 1)
+                                  for p in rounds[0]}} if args.replicas > 1 else {})
     print(json.dumps({"scenario": "short_c1_paired", "model": args.model,
                       "threads": args.threads, "max_tokens": args.max_tokens,
-                      "tandem_args": extra,
-                      "sampling": SAMPLING, **summarize(rounds), **gaps}), flush=True)
+                      "tandem_args": extra, "replicas": args.replicas,
+                      "sampling": SAMPLING, **summarize(per_system(rounds, list(commands))), **by_process,
+                      **gaps}), flush=True)
     return 0
 
 

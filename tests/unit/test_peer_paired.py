@@ -9,7 +9,17 @@ from collections import Counter
 
 import pytest
 
-from app.bench.peer_paired import gap_summary, probed, read_probe, round_order, summarize
+from app.bench.peer_paired import (
+    gap_summary,
+    per_system,
+    probed,
+    process_name,
+    process_order,
+    read_probe,
+    round_order,
+    summarize,
+    system_of,
+)
 
 SYSTEMS = ["tandem", "llama_server", "python_floor"]
 
@@ -75,3 +85,35 @@ def test_gap_summary_and_probe_files(tmp_path):
     assert read_probe(str(bad)) is None and read_probe(str(tmp_path / "none.json")) is None
     assert gap_summary({"tandem": tandem, "python_floor": None}) == {
         "decode_gaps": {"tandem": tandem, "python_floor": None}}
+
+
+def test_replica_processes_take_turns_within_each_round():
+    assert [process_name("tandem", k) for k in range(3)] == ["tandem", "tandem#2", "tandem#3"]
+    assert [system_of(p) for p in ("tandem", "tandem#2", "python_floor#3")] == [
+        "tandem", "tandem", "python_floor"]
+    assert process_order(SYSTEMS, 1, 4) == round_order(SYSTEMS, 4)  # one replica: as before
+    assert process_order(SYSTEMS, 2, 0) == [
+        "tandem", "llama_server", "python_floor",  # round_order(0)
+        "tandem#2", "python_floor#2", "llama_server#2"]  # round_order(1)
+    orders = [process_order(SYSTEMS, 2, i) for i in range(6)]
+    places = Counter((p, o.index(p)) for o in orders for p in o)
+    assert len(places) == 18 and set(places.values()) == {2}  # 6 processes x 3 places x 2
+
+
+def test_a_systems_round_is_the_mean_of_its_processes():
+    rounds = [{"tandem": {"tok_s": 90, "ttft_ms": 200}, "llama_server": {"tok_s": 100,
+                                                                        "ttft_ms": 150},
+               "tandem#2": {"tok_s": 110, "ttft_ms": 100},
+               "llama_server#2": {"tok_s": 80, "ttft_ms": 170}}]
+    assert per_system(rounds, ["tandem", "llama_server"]) == [
+        {"tandem": {"tok_s": 100.0, "ttft_ms": 150.0},
+         "llama_server": {"tok_s": 90.0, "ttft_ms": 160.0}}]
+
+
+def test_gap_summary_averages_replicas():
+    def probe(gap):
+        return {"decodes": 9, "decode_us_p50": 9000.0, "gaps": 7, "gap_us_p50": gap}
+
+    probes = {"tandem": probe(400.0), "python_floor": probe(200.0), "tandem#2": probe(600.0),
+              "python_floor#2": probe(250.0)}
+    assert gap_summary(probes) == {"decode_gaps": probes, "gap_tandem_to_python_floor": 2.222}
