@@ -17,7 +17,7 @@ from app.engine.spec_decode.profile import measure_step_times
 from backends.base import Runner
 from models.store import store_dir
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: fastest of the repeats, monotone (measure_step_times)
 
 
 def profile_key(model_path: Path, backend: str, runner: Runner) -> str:

@@ -213,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"scenario": "short_c1_paired", "model": args.model,
                       "threads": args.threads, "max_tokens": args.max_tokens,
                       "tandem_args": extra, "replicas": args.replicas,
-                      "sampling": SAMPLING, **summarize(per_system(rounds, list(commands))), **by_process,
-                      **gaps}), flush=True)
+                      "sampling": SAMPLING, **summarize(per_system(rounds, list(commands))),
+                      **by_process, **gaps}), flush=True)
     return 0
 
 

@@ -4,9 +4,9 @@ One llama.cpp sequence, requests served one at a time: a thread decodes one toke
 `llama_decode`, takes numpy's argmax of its logits and hands the bytes to the event loop, which
 frames them as OpenAI chat-completion chunks (`tandem serve`'s own `app.server.sse`: `json`
 and sse-starlette's `ServerSentEvent`, text chunks from an `SSETemplate`) and sends them
-from a bare ASGI app on uvicorn's httptools protocol. No engine (no scheduler, blocks, prefix cache, sampler, stop strings),
-no FastAPI. Its chunks are tandem's: the same fields, an opening role delta, content deltas,
-a finishing chunk. The previous request's KV is kept and its common prefix reused, as
+from a bare ASGI app on uvicorn's httptools protocol. No engine (no scheduler, blocks,
+prefix cache, sampler, stop strings), no FastAPI. Its chunks are tandem's: the same fields,
+an opening role delta, content deltas, a finishing chunk. The previous request's KV is kept and its common prefix reused, as
 llama-server's `cache_prompt` does.
 
 The llama.cpp context is the one the peer benchmarks' `tandem serve --max-concurrency 16

@@ -5,9 +5,10 @@ and receives outputs through `loop.call_soon_threadsafe`, one call per step. Whi
 runner computes (llama.cpp and MLX release the GIL) little else in the process is busy:
 llama.cpp's worker threads spin-wait, and a competing Python thread can slow decode many
 times over on a small machine. So a step's outputs are handled before the next step starts,
-except a lone stream's, which is handled during it (`_deliver`). When there is no work the
-thread blocks on the queue, and requests arriving together after that start in the same
-step (`_collect_arrivals`).
+except a lone stream's, which is handled during it (`_deliver`); a finished request's slot
+is released only after its last output is on its way (`Scheduler.release_finished`). When
+there is no work the thread blocks on the queue, and requests arriving together after that
+start in the same step (`_collect_arrivals`).
 """
 
 from __future__ import annotations
