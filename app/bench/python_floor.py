@@ -6,8 +6,8 @@ frames them as OpenAI chat-completion chunks (`tandem serve`'s own `app.server.s
 and sse-starlette's `ServerSentEvent`, text chunks from an `SSETemplate`) and sends them
 from a bare ASGI app on uvicorn's httptools protocol. No engine (no scheduler, blocks,
 prefix cache, sampler, stop strings), no FastAPI. Its chunks are tandem's: the same fields,
-an opening role delta, content deltas, a finishing chunk. The previous request's KV is kept and its common prefix reused, as
-llama-server's `cache_prompt` does.
+an opening role delta, content deltas, a finishing chunk. The previous request's KV is kept
+and its common prefix reused, as llama-server's `cache_prompt` does.
 
 The llama.cpp context is the one the peer benchmarks' `tandem serve --max-concurrency 16
 --ctx-size 2048` builds (split layout, 16 x 2048 cells, flash attention auto), so its greedy

@@ -10,7 +10,7 @@ import numpy as np
 Buffer = np.ndarray | ctypes.Array | bytes | bytearray  # a blob: any bytes-like object
 
 
-def _pointer(blob: Buffer) -> ctypes._Pointer:
+def blob_pointer(blob: Buffer) -> ctypes._Pointer:
     """`blob`'s first byte as llama.cpp's `uint8_t *`, without a copy."""
     return np.frombuffer(blob, dtype=np.uint8).ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
@@ -38,11 +38,11 @@ class ContextMemory:
         RuntimeError if llama.cpp cannot save it."""
         size = L.llama_state_seq_get_size(self._ctx, seq)
         blob = np.empty(size, dtype=np.uint8)
-        if L.llama_state_seq_get_data(self._ctx, _pointer(blob), size, seq) != size:
+        if L.llama_state_seq_get_data(self._ctx, blob_pointer(blob), size, seq) != size:
             raise RuntimeError("llama.cpp could not save a sequence's KV")
         return blob
 
     def state_set(self, seq: int, blob: Buffer) -> None:
         """Replace `seq`'s KV with a blob from `state_get`. Raises RuntimeError if refused."""
-        if L.llama_state_seq_set_data(self._ctx, _pointer(blob), len(blob), seq) == 0:
+        if L.llama_state_seq_set_data(self._ctx, blob_pointer(blob), len(blob), seq) == 0:
             raise RuntimeError("llama.cpp refused to restore a saved prefix")

@@ -8,7 +8,6 @@ together in one `llama_decode`. The pieces: `runtime` (process init, model load 
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import llama_cpp as L
@@ -19,7 +18,7 @@ from backends.llamacpp import kv_transfer as kvt
 from backends.llamacpp import runtime
 from backends.llamacpp.batch import TokenBatch
 from backends.llamacpp.kv_plan import check_args, context_error, kv_budget_bytes, plan_kv
-from backends.llamacpp.memory import ContextMemory
+from backends.llamacpp.memory import ContextMemory, blob_pointer
 from backends.llamacpp.residency import PrefixResidency, SplitResidency, UnifiedResidency
 from backends.llamacpp.runtime import default_threads
 from backends.llamacpp.tokenizer import LlamaCppTokenizer
@@ -239,8 +238,8 @@ class LlamaCppRunner:
         for v_trans in tries:
             state.v_trans = v_trans
             blob = kvt.build_state(state)
-            if L.llama_state_seq_set_data(self._ctx, (ctypes.c_uint8 * len(blob)).from_buffer(
-                    blob), len(blob), seq) == len(blob):
+            if L.llama_state_seq_set_data(self._ctx, blob_pointer(blob), len(blob),
+                                          seq) == len(blob):
                 self._kv_v_trans = v_trans
                 return
         raise RuntimeError("llama.cpp refused the imported KV state")
