@@ -138,6 +138,15 @@ def run_comparison(model: str = DEFAULT_MODEL, prompt_tokens: int = 32, max_toke
         more token, so every full block of it can come from the cache.
     Raises FileNotFoundError / ValueError (model), ImportError (mlx or mlx-lm missing).
     """
+    from backends.mlx.thread import run_on_mlx_thread
+
+    # mlx-lm runs on a thread whose MLX streams are cleared before it ends
+    return run_on_mlx_thread(_compare, model, prompt_tokens, max_tokens, concurrency, reps,
+                             prefix_tokens, seed, emit)
+
+
+def _compare(model: str, prompt_tokens: int, max_tokens: int, concurrency: int, reps: int,
+             prefix_tokens: int, seed: int, emit: Callable[[dict], None] | None) -> list[dict]:
     import mlx.core as mx
     import mlx_lm
     from mlx_lm import load as mlxlm_load

@@ -56,6 +56,13 @@ def convert_gguf_to_mlx(gguf_path: str | Path, out_dir: str | Path | None = None
     if not overwrite and is_current(out, gguf_path):
         return out
 
+    from backends.mlx.thread import run_on_mlx_thread
+
+    # on a thread of its own, whose MLX streams are cleared before it ends
+    return run_on_mlx_thread(_convert, gguf_path, out, dtype, quantize_bits)
+
+
+def _convert(gguf_path: Path, out: Path, dtype: str, quantize_bits: int | None) -> Path:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 

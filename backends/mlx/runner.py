@@ -6,19 +6,19 @@ The pool is addressed directly by the block tables each `BatchItem` carries, so 
 those calls are no-ops here. `export_kv`/`import_kv` move per-layer K/V in DESIGN.md's neutral
 layout (`[tokens, kv_heads, head_dim]`, f16, rotate-half RoPE already applied).
 
-All MLX work runs on one private thread: MLX streams are thread-local since mlx 0.31.2
-(ml-explore/mlx-lm#1181), and the engine calls from its own step thread.
+All MLX work runs on one private `MLXThread` (`backends/mlx/thread.py`): MLX streams are
+thread-local, and the engine calls from its own step thread.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import numpy as np
 
 from backends.base import BatchItem, LayerKV, ModelInfo, RunnerCapabilities
+from backends.mlx.thread import MLXThread
 
 T = TypeVar("T")
 
@@ -66,17 +66,19 @@ class MLXRunner:
         self.num_blocks = num_blocks
         self.max_seq_tokens = num_blocks * block_size
         self.block_size = block_size
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-mlx")
+        self._thread: MLXThread | None = MLXThread()
         try:
             self._on_thread(self._load, path, dtype)
         except BaseException:
-            self._thread.shutdown(wait=False)
+            self._thread.close()
             raise
 
     # -- thread plumbing -------------------------------------------------------------------
 
     def _on_thread(self, fn: Callable[..., T], *args) -> T:
-        return self._thread.submit(fn, *args).result()
+        if self._thread is None:
+            raise RuntimeError("the MLX runner is closed")
+        return self._thread.call(fn, *args)
 
     def _load(self, path: str, dtype) -> None:
         import mlx.core as mx
@@ -243,7 +245,8 @@ class MLXRunner:
         and the mask never lets a row see keys past its own length."""
 
     def close(self) -> None:
-        """Free the model and pools and stop the MLX thread. Idempotent."""
+        """Free the model and pools and stop the MLX thread (its streams cleared first).
+        Idempotent."""
         if self._thread is None:
             return
 
@@ -251,11 +254,11 @@ class MLXRunner:
             self._caches = []
             self._lm = self._inner = self._head = None
 
+        thread, self._thread = self._thread, None
         try:
-            self._on_thread(drop)
+            thread.call(drop)
         finally:
-            self._thread.shutdown(wait=True)
-            self._thread = None
+            thread.close()
 
 
 def load_mlx_runner(gguf_or_dir_path: str, max_seqs: int, num_blocks: int,
