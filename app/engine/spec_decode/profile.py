@@ -24,8 +24,9 @@ def measure_step_times(runner: Runner, points=DEFAULT_POINTS, context: int = 128
     repeat of one. A step of more tokens never costs less, so t(n) is then lowered to the
     least t(m) for m >= n: on a busy machine a median of three once gave t(3) = 47 ms over
     t(4) = 37 ms, a curve cached for good that made drafts of three look dearer than four.
-    Points that would not fit the runner's batch or slot are skipped; the first pass stops
-    taking new points once `budget_s` seconds have passed, later passes stop then too.
+    Points that would not fit the runner's batch or slot are skipped; once `budget_s`
+    seconds have passed no step is started (but the first), and later passes repeat only
+    the points the first one took.
     Leaves slot 0 empty. Raises RuntimeError from the runner.
     """
     max_n = min(max(points), runner.max_seq_tokens - context - 1,
@@ -42,16 +43,14 @@ def measure_step_times(runner: Runner, points=DEFAULT_POINTS, context: int = 128
         runner.truncate(0, context)
         todo = [n for n in points if n <= max_n]
         for rep in range(repeats):
-            for n in todo:
-                if rep and time.perf_counter() > deadline:
+            for i, n in enumerate(todo):
+                if (rep or i) and time.perf_counter() > deadline:  # one point at least
                     break
                 t0 = time.perf_counter()
                 runner.execute([BatchItem(0, tokens[context:context + n], context, table,
                                           list(range(n)))])
                 times.setdefault(n, []).append(time.perf_counter() - t0)
                 runner.truncate(0, context)
-                if not rep and time.perf_counter() > deadline:
-                    break
             todo = list(times)
     finally:
         runner.truncate(0, 0)
