@@ -192,6 +192,8 @@ class RunnerConfig:
         max_batch_tokens: most tokens one `execute` carries.
         n_threads: CPU threads (None: all available).
         flash_attn: llama.cpp: "auto" | "on" | "off".
+        repack: llama.cpp: repacked weights "auto" (where a cached probe says this machine
+            runs them) | "on" | "off" (backends/llamacpp/repack.py).
     Raises ValueError (in `__post_init__`) for values out of range.
     """
 
@@ -203,6 +205,7 @@ class RunnerConfig:
     max_batch_tokens: int = 512
     n_threads: int | None = None
     flash_attn: str = "auto"
+    repack: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_seqs", "seq_tokens", "max_batch_tokens"):
@@ -216,3 +219,5 @@ class RunnerConfig:
             raise ValueError(f"kv_layout must be auto, split or unified, not {self.kv_layout!r}")
         if self.flash_attn not in ("auto", "on", "off"):
             raise ValueError(f"flash_attn must be auto, on or off, not {self.flash_attn!r}")
+        if self.repack not in ("auto", "on", "off"):
+            raise ValueError(f"repack must be auto, on or off, not {self.repack!r}")

@@ -49,5 +49,6 @@ def load_runner(path: str | Path, *, backend: str | None = None,
         seq_tokens=config.seq_tokens, kv_layout=config.kv_layout,
         block_size=config.block_size or BLOCK_SIZE, max_batch_tokens=config.max_batch_tokens,
         n_threads=config.n_threads, flash_attn=config.flash_attn,
+        repack=config.repack,
     )
     return runner, name

@@ -22,6 +22,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 MODEL_FIXTURES = {
     "embedded_model", "embedded_model_path", "reference_llama", "gguf_path", "qwen_path",
+    "repacking_model",
 }
 
 
@@ -47,6 +48,29 @@ def embedded_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def repacking_model(embedded_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded model requantized to Q4_0 (about 2 s, once per session): a type that
+    llama.cpp repacks on the CPU (the Q4_1 original has none), for the repacked-weights
+    tests. 91.7 MB in a temporary directory."""
+    import ctypes
+
+    import llama_cpp as L
+
+    from backends.llamacpp import runtime
+
+    runtime.init_backend()
+    out = tmp_path_factory.mktemp("repack") / "smollm2-135m-q4_0.gguf"
+    params = L.llama_model_quantize_default_params()
+    params.ftype = L.LLAMA_FTYPE_MOSTLY_Q4_0
+    params.allow_requantize = True
+    params.nthread = 2
+    rc = L.llama_model_quantize(str(embedded_model).encode(), str(out).encode(),
+                                ctypes.byref(params))
+    assert rc == 0, f"llama_model_quantize returned {rc}"
+    return out
+
+
+@pytest.fixture(scope="session")
 def embedded_model_path(embedded_model: Path) -> str:
     """`embedded_model` as a string (the name older tests use)."""
     return str(embedded_model)
@@ -58,9 +82,10 @@ def reference_llama(embedded_model_path):
     with the runner's model params (`backends.llamacpp.runtime.patched_default_params`)."""
     import llama_cpp
 
+    from backends.llamacpp.repack import repack_verdict
     from backends.llamacpp.runtime import patched_default_params
 
-    with patched_default_params():
+    with patched_default_params(repack_verdict(embedded_model_path).repack):
         llm = llama_cpp.Llama(embedded_model_path, n_ctx=2048, n_batch=512, n_threads=2,
                               flash_attn=True, verbose=False)
     yield llm

@@ -14,14 +14,15 @@ import time
 import llama_cpp as L
 
 from app.bench.stats import median
-from backends.llamacpp.runtime import default_threads, load_model
+from backends.llamacpp.repack import load_model_like_runner
+from backends.llamacpp.runtime import default_threads
 
 
 def raw_decode_tok_s(model_path: str, batch_sizes: list[int], threads: int | None = None,
                      steps: int = 32, context_tokens: int = 64) -> dict[int, float]:
     """Decode tokens/s for each batch size: median of 3 timed runs of `steps` steps, in the
     faster of the two KV layouts."""
-    model = load_model(model_path)
+    model = load_model_like_runner(model_path)
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     tokens = [(i * 7919) % (n_vocab - 100) + 50 for i in range(context_tokens + 3 * steps + 64)]
     threads = threads or default_threads()

@@ -20,7 +20,7 @@ import time
 import llama_cpp as L
 
 from app.bench.llamacpp_raw import decode
-from backends.llamacpp.runtime import load_model
+from backends.llamacpp.repack import load_model_like_runner
 from models.registry import DEFAULT_MODEL
 
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
-    model = load_model(resolve_model(args.model))
+    model = load_model_like_runner(resolve_model(args.model))
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     cp = L.llama_context_default_params()
     cp.n_ctx = args.users * 2048

@@ -9,7 +9,8 @@ with each system's medians, the medians of the per-round ratios tandem/llama-ser
 HTTP/in-process, and every round's figures.
 
 usage: python -m app.bench.peer [--model NAME] [--llama-server PATH] [--threads 2] [--repeat 3]
-                              [--scenarios short_c1,short_c16]
+                              [--scenarios short_c1,short_c16] [--no-in-process]
+                              [--tandem-args "--repack off"]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -66,6 +68,8 @@ def add_peer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tandem-args", default="",
+                   help='more `tandem serve` flags, one string, e.g. "--spec off"')
 
 
 def chosen(args) -> list[tuple[str, int, int]]:
@@ -118,7 +122,10 @@ def summarize(runs: dict[str, list[dict[str, dict]]], names: list[str]) -> list[
             "ttft_p50_ratio": med([a / b for a, b in
                                    zip(ttft["tandem"], ttft["llama_server"], strict=True)]),
             "http_vs_in_process": med([a / b for a, b in zip(
-                tput["tandem"], tput["tandem_in_process"], strict=True)]),
+                tput["tandem"], tput["tandem_in_process"], strict=True)])
+            if "tandem_in_process" in tput else None,
+            "tpot_p50_ms": {who: med([r["tpot_ms"]["p50"] for r in rs])
+                            for who, rs in per.items()},
             "runs": per,
         })
     return lines
@@ -135,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [name for name, _, _ in SCENARIOS]
     p.add_argument("--scenarios", default=",".join(names),
                    help=f"comma-separated subset of {', '.join(names)} (default: all)")
+    p.add_argument("--no-in-process", action="store_true",
+                   help="skip the in-process engine run (tandem and llama-server only)")
     p.add_argument("--in-process-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -149,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def tandem() -> dict[str, dict]:
         port = free_port()
-        with running(tandem_cmd(path, port, args.threads), port) as url:
+        cmd = tandem_cmd(path, port, args.threads) + shlex.split(args.tandem_args)
+        with running(cmd, port) as url:
             return measure(url, served_model(url), args)
 
     def llama_server() -> dict[str, dict]:
@@ -166,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         return json.loads(out.strip().splitlines()[-1])
 
     systems = {"tandem": tandem, "llama_server": llama_server, "tandem_in_process": in_process}
+    if args.no_in_process:
+        del systems["tandem_in_process"]
     runs: dict[str, list[dict[str, dict]]] = {who: [] for who in systems}
     for rep in range(args.repeat):
         # alternate the order so slow drift on a shared machine hits both sides alike

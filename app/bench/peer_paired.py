@@ -174,8 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     add_peer_args(p)
     p.add_argument("--rounds", type=int, default=24)
     p.add_argument("--no-floor", action="store_true", help="leave the Python floor out")
-    p.add_argument("--tandem-args", default="",
-                   help='more `tandem serve` flags, one string, e.g. "--spec off"')
     p.add_argument("--decode-gaps", action="store_true",
                    help="time the decodes of tandem and the floor (app.bench.decode_probe)")
     p.add_argument("--replicas", type=int, default=1,

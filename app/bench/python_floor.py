@@ -42,6 +42,7 @@ from app.bench.peer import SEQ_TOKENS, SEQS
 from app.prompts import chat_prompt_ids
 from app.server.sse import SSE_DONE, SSETemplate, sse
 from backends.llamacpp import runtime
+from backends.llamacpp.repack import load_model_like_runner
 from backends.llamacpp.tokenizer import LlamaCppTokenizer
 
 MAX_BATCH = 512  # tokens per llama_decode, as tandem's runner
@@ -55,7 +56,7 @@ class FloorModel:
 
     def __init__(self, path: str, threads: int):
         runtime.init_backend(False)
-        self.model = runtime.load_model(path)
+        self.model = load_model_like_runner(path)
         cp = L.llama_context_default_params()
         cp.n_ctx, cp.n_seq_max, cp.kv_unified = SEQS * SEQ_TOKENS, SEQS, False
         cp.n_batch = cp.n_ubatch = MAX_BATCH

@@ -22,6 +22,10 @@ def register(subparsers) -> None:
                                                   "backend that would run")
     parser.add_argument("--backend", choices=["llamacpp", "mlx"], default=None,
                         help="check this backend instead of the automatic choice (default: automatic)")
+    parser.add_argument("--model", default=None, metavar="NAME_OR_PATH",
+                        help="the GGUF whose llama.cpp weight buffers (repacked or not) to "
+                             "show; its probe runs once if not cached (default: the embedded "
+                             "model, if downloaded)")
     parser.add_argument("--json", action="store_true", help="print JSON (default: a table)")
     parser.set_defaults(func=run)
 
@@ -101,7 +105,26 @@ def llamacpp_facts() -> dict[str, Any]:
     return facts
 
 
-def collect(requested: str | None = None) -> dict[str, Any]:
+def weights_facts(model: str | None) -> dict[str, Any] | None:
+    """How llama.cpp loads `model`'s weights here: the repack verdict (cached probe, run
+    once if missing) and the buffer types {type: MiB} the probe saw. None when no GGUF is
+    at hand (the default model not downloaded, or an MLX directory)."""
+    from backends.llamacpp.repack import repack_verdict
+    from models.registry import DEFAULT_MODEL
+    from models.store import resolve_model
+
+    try:
+        path = resolve_model(model or DEFAULT_MODEL, pull_missing=False)
+    except Exception as e:  # not downloaded, unknown: say so, do not fail doctor
+        return {"model": model or DEFAULT_MODEL, "error": str(e)} if model else None
+    if not str(path).endswith(".gguf"):
+        return None
+    verdict = repack_verdict(path)
+    return {"model": Path(path).name, "repacked": verdict.repack, "reason": verdict.reason,
+            "weight_buffers": verdict.weight_buffers}
+
+
+def collect(requested: str | None = None, model: str | None = None) -> dict[str, Any]:
     from backends.select import select_backend_with_reason
 
     mem = memory_bytes()
@@ -115,6 +138,11 @@ def collect(requested: str | None = None) -> dict[str, Any]:
         "mlx": mlx_facts(),
         "llamacpp": llamacpp_facts(),
     }
+    if facts["llamacpp"]["installed"]:
+        try:
+            facts["weights"] = weights_facts(model)
+        except Exception as e:
+            facts["weights"] = {"model": model, "error": str(e)}
     try:
         sel = select_backend_with_reason(requested)
         facts["backend"], facts["reason"] = sel.backend, sel.reason
@@ -144,6 +172,16 @@ def _print(f: dict[str, Any]) -> None:
         line("llama.cpp", f"llama-cpp-python {lc['version']} ({gpu})")
         if lc.get("system_info"):
             line("llama.cpp build", lc["system_info"])
+        w = f.get("weights")
+        if w and w.get("error"):
+            line("weights", f"{w['model']}: {w['error']}")
+        elif w:
+            from backends.llamacpp.repack import weight_summary
+
+            shown = (weight_summary(w["weight_buffers"]) if w["repacked"] and
+                     w["weight_buffers"] else "as stored in the file")
+            state = "on" if w["repacked"] else "off"
+            line("weights", f"{w['model']}: {shown} (repacked weights {state}: {w['reason']})")
     else:
         line("llama.cpp", "not installed")
     if f.get("backend"):
@@ -153,7 +191,7 @@ def _print(f: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    facts = collect(args.backend)
+    facts = collect(args.backend, args.model)
     if args.json:
         print(json.dumps(facts, indent=2))
     else:

@@ -65,6 +65,10 @@ KV_LAYOUT = Flag("--kv-layout", "runner.kv_layout", "llama.cpp KV cache: split (
                  "1/8 of this machine's memory holds) or unified (one shared pool: more "
                  "sequences in less memory, but output may vary with load)",
                  choices=("auto", "split", "unified"))
+REPACK = Flag("--repack", "runner.repack", "llama.cpp repacked weights (its extra CPU "
+              "buffer types, faster decode): auto (where a probe, run once per model and "
+              "machine and cached, shows this machine runs them), on, off",
+              choices=("auto", "on", "off"))
 MAX_CONCURRENCY = Flag("--max-concurrency", "runner.max_seqs", "sequences decoded together "
                        "in one batch", positive_int, metavar="N")
 MAX_QUEUE = Flag("--max-queue", "max_waiting", "requests allowed to wait for a batch slot; "
@@ -82,7 +86,7 @@ NUM_DRAFT_TOKENS = Flag("--num-draft-tokens", "spec.num_draft_tokens", "most dra
                         "per sequence and step", positive_int, metavar="K")
 
 # the flags every command that loads a model takes
-COMMON = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_LAYOUT, SPEC, DRAFT_MODEL, NUM_DRAFT_TOKENS)
+COMMON = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_LAYOUT, REPACK, SPEC, DRAFT_MODEL, NUM_DRAFT_TOKENS)
 
 
 def default_of(field: str, defaults: EngineArgs | None = None) -> Any:

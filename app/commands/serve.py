@@ -23,6 +23,8 @@ from app.commands.engine_flags import (
 from app.commands.graceful import GracefulServer, bind_socket
 from app.commands.peer_flags import add_peer_args
 from app.config import EngineArgs
+from backends.llamacpp.repack import describe as describe_repack
+from backends.llamacpp.repack import weight_summary
 from models.registry import DEFAULT_MODEL, generation_defaults
 
 
@@ -139,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"tandem: {layout} KV: {d['max_seqs']} sequences x {d['context_length']} "
                   f"tokens, {d['kv_bytes'] / 2**30:.1f} GiB (budget "
                   f"{d['kv_budget_bytes'] / 2**30:.1f} GiB, 1/8 of memory)", flush=True)
+        if d["weight_buffers"]:
+            print(f"tandem: weights: {weight_summary(d['weight_buffers'])} "
+                  f"({describe_repack(d['repack'])})", flush=True)
         peer = engine.engine.scheduler.remote
         if peer is not None:
             print(f"tandem: two-box: prompts go to the prefill worker at {peer.peer.host}:"

@@ -99,7 +99,9 @@ class AsyncEngine:
 
     def describe(self) -> dict[str, object]:
         """What serves requests: backend, model, KV layout, KV bytes allocated and the budget
-        (llama.cpp), block size, slots, context length, whether it speculates."""
+        (llama.cpp), block size, slots, context length, whether it speculates, and the
+        weight buffers {llama.cpp buffer type: MiB} and the repack verdict (llama.cpp's
+        `RepackVerdict`; None elsewhere)."""
         runner = self.runner
         return {
             "backend": self.backend_name,
@@ -111,6 +113,8 @@ class AsyncEngine:
             "max_seqs": runner.max_seqs,
             "context_length": self.context_length,
             "speculation": self.engine.speculator is not None,
+            "weight_buffers": getattr(runner, "weight_buffers", None),
+            "repack": getattr(runner, "repack", None),
         }
 
     # -- requests --------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from backends.llamacpp import runtime
 from backends.llamacpp.batch import TokenBatch
 from backends.llamacpp.kv_plan import check_args, context_error, kv_budget_bytes, plan_kv
 from backends.llamacpp.memory import ContextMemory, blob_pointer
+from backends.llamacpp.repack import repack_verdict
 from backends.llamacpp.residency import PrefixResidency, SplitResidency, UnifiedResidency
 from backends.llamacpp.runtime import default_threads
 from backends.llamacpp.tokenizer import LlamaCppTokenizer
@@ -57,6 +58,10 @@ class LlamaCppRunner:
         max_batch_tokens: most tokens one `execute` may carry (`n_batch`).
         n_threads: llama.cpp worker threads (default: CPUs available).
         flash_attn: "auto" | "on" | "off".
+        repack: repacked weights (llama.cpp's extra CPU buffer types): "auto" (where this
+            machine's cached probe says they run, `backends.llamacpp.repack`), "on", "off".
+    Attributes (besides the protocol's): `repack` (the verdict: whether, and why) and
+    `weight_buffers` ({llama.cpp buffer type: MiB}, e.g. CPU_REPACK, CPU_Mapped).
     Raises:
         FileNotFoundError: no such file. ValueError: llama.cpp cannot load it.
     """
@@ -80,6 +85,7 @@ class LlamaCppRunner:
         max_batch_tokens: int = 512,
         n_threads: int | None = None,
         flash_attn: str = "auto",
+        repack: str = "auto",
         verbose: bool = False,
     ):
         path = Path(model_path)
@@ -87,7 +93,8 @@ class LlamaCppRunner:
             raise FileNotFoundError(f"model file not found: {path}")
         check_args(max_seqs, kv_layout)
         runtime.init_backend(verbose)
-        self._model = runtime.load_model(path)
+        self.repack = repack_verdict(path, repack)
+        self._model, self.weight_buffers = runtime.load_model(path, self.repack.repack)
         self.block_size = block_size
         self.max_seqs = max_seqs
         self.max_batch_tokens = max_batch_tokens

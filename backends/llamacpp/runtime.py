@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +19,29 @@ from llama_cpp import llama_cpp as _lowlevel
 
 from backends.base import ModelInfo
 
-# llama.cpp keeps one process-wide pointer to the log callback: it must outlive every caller
-_log_silencer = L.llama_log_callback(lambda level, text, user: None)
+# llama.cpp logs "<buffer type> model buffer size = <x> MiB" while it loads weights
+_BUFFER_LINE = re.compile(r"(\S+) model buffer size =\s*([0-9.]+) MiB")
+
+
+class _LoadLog:
+    """The process-wide llama.cpp log callback: silent (or passed to stderr when verbose),
+    and while `recording`, it keeps the weight buffer sizes llama.cpp reports."""
+
+    def __init__(self) -> None:
+        self.verbose = False
+        self.recording: dict[str, float] | None = None
+        # llama.cpp keeps one process-wide pointer to the callback: it must outlive every caller
+        self.callback = L.llama_log_callback(self._on_log)
+
+    def _on_log(self, level: int, text: bytes, user: ctypes.c_void_p) -> None:
+        line = text.decode("utf-8", errors="replace")
+        if self.recording is not None and (match := _BUFFER_LINE.search(line)):
+            self.recording[match.group(1)] = float(match.group(2))
+        if self.verbose:
+            sys.stderr.write(line)
+
+
+_load_log = _LoadLog()
 _backend_ready = False
 _default_model_params = L.llama_model_default_params
 
@@ -26,9 +49,9 @@ _default_model_params = L.llama_model_default_params
 def init_backend(verbose: bool = False) -> None:
     """Initialise llama.cpp once per process; unless `verbose`, silence its log first."""
     global _backend_ready
+    _load_log.verbose = _load_log.verbose or verbose
     if not _backend_ready:
-        if not verbose:
-            L.llama_log_set(_log_silencer, ctypes.c_void_p())
+        L.llama_log_set(_load_log.callback, ctypes.c_void_p())
         L.llama_backend_init()
         _backend_ready = True
 
@@ -49,30 +72,39 @@ def default_threads() -> int:
         return os.cpu_count() or 4
 
 
-def model_params() -> L.llama_model_params:
-    """llama.cpp's default model parameters with extra buffer types off: AMX repacking
-    crashes on CPUs whose kernel refuses AMX tiles (shared/notes/llamacpp.md §2)."""
+def model_params(repack: bool = False) -> L.llama_model_params:
+    """llama.cpp's default model parameters; `repack` keeps its extra CPU buffer types
+    (weights copied at load into the interleaved layouts its GEMV/GEMM kernels read
+    faster, as llama-server does). Off by default: only `backends.llamacpp.repack` decides,
+    after its probe, that this machine runs them (shared/notes/llamacpp.md)."""
     params = _default_model_params()
-    params.use_extra_bufts = False
+    params.use_extra_bufts = repack
     return params
 
 
-def load_model(path: str | Path) -> L.llama_model_p:
-    """Load a GGUF with `model_params()` (initialising the backend, quietly, if needed); the
-    caller frees it with `llama_model_free`. Raises ValueError if llama.cpp cannot load it."""
+def load_model(path: str | Path, repack: bool = False) -> tuple[L.llama_model_p, dict[str, float]]:
+    """Load a GGUF with `model_params(repack)` (initialising the backend, quietly, if
+    needed). Returns (model, weight buffers {llama.cpp buffer type: MiB}, e.g.
+    {"CPU_Mapped": 85.3, "CPU_REPACK": 57.0}); the caller frees the model with
+    `llama_model_free`. Raises ValueError if llama.cpp cannot load it."""
     init_backend()
-    model = L.llama_model_load_from_file(str(path).encode(), model_params())
+    buffers: dict[str, float] = {}
+    _load_log.recording = buffers
+    try:
+        model = L.llama_model_load_from_file(str(path).encode(), model_params(repack))
+    finally:
+        _load_log.recording = None
     if not model:
         raise ValueError(f"llama.cpp could not load {path} (not a GGUF model it supports?)")
-    return model
+    return model, buffers
 
 
 @contextlib.contextmanager
-def patched_default_params() -> Iterator[None]:
-    """While active, llama-cpp-python's high-level `Llama` loads with `model_params()` (its
-    constructor has no `use_extra_bufts` argument)."""
+def patched_default_params(repack: bool = False) -> Iterator[None]:
+    """While active, llama-cpp-python's high-level `Llama` loads with `model_params(repack)`
+    (its constructor has no `use_extra_bufts` argument)."""
     original = _lowlevel.llama_model_default_params
-    _lowlevel.llama_model_default_params = model_params
+    _lowlevel.llama_model_default_params = lambda: model_params(repack)
     try:
         yield
     finally:

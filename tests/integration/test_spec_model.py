@@ -36,13 +36,15 @@ def runner(embedded_model_path):
     r.close()
 
 
-def generate(runner, prompts, params, spec: str | None):
-    """Token ids per prompt, all submitted together; spec None means no speculator."""
-    config = EngineConfig(context_length=1024, scheduler=SchedulerConfig(
-        max_num_seqs=4, max_num_batched_tokens=512))
+def generate(runner, prompts, params, spec: str | None, max_seqs: int = 4):
+    """Token ids per prompt, all submitted together (at most `max_seqs` running at once);
+    spec None means no speculator."""
+    context = min(1024, runner.max_seq_tokens)
+    config = EngineConfig(context_length=context, scheduler=SchedulerConfig(
+        max_num_seqs=max_seqs, max_num_batched_tokens=512))
     speculator = None
     if spec is not None:
-        speculator = Speculator(SpecConfig(mode=spec), FLAT, 1024)
+        speculator = Speculator(SpecConfig(mode=spec), FLAT, context)
     engine = LLMEngine(runner, config, speculator=speculator)
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         engine.add_request(str(i), prompt, p)

@@ -1,7 +1,8 @@
 """Reference results from llama.cpp (llama-cpp-python's low-level API) for MLX parity tests.
 
-Loads the same GGUF on the CPU as the runner does (`backends.llamacpp.runtime.load_model`:
-the quiet backend and the AMX workaround) and returns tokens and next-token logits.
+Loads the same GGUF on the CPU as the runner does
+(`backends.llamacpp.repack.load_model_like_runner`: the quiet backend, repacked weights where
+the probe passed) and returns tokens and next-token logits.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ class LlamaCppRef:
     def __init__(self, path: str, n_ctx: int = 256, flash_attn: bool | None = None):
         import llama_cpp as lc
 
-        from backends.llamacpp.runtime import load_model
+        from backends.llamacpp.repack import load_model_like_runner
 
         self.lc = lc
-        self.model = load_model(path)
+        self.model = load_model_like_runner(path)
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         cp = lc.llama_context_default_params()
