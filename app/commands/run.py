@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 
@@ -30,7 +31,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--raw", action="store_true",
                    help="send the prompt as is, no chat template (default: off)")
     add_sampling_args(p)
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true",
+                     help="the reply is a JSON object (enforced by a grammar; default: off)")
+    fmt.add_argument("--json-schema", metavar="FILE", default=None,
+                     help="the reply is JSON valid against the JSON Schema in FILE (enforced "
+                     "by a grammar; default: none)")
     p.set_defaults(func=main, parser=p)
+
+
+def response_format(args: argparse.Namespace):
+    """The `ResponseFormat` that `--json` / `--json-schema FILE` ask for, or None.
+    Raises ValueError naming the file when it cannot be read as JSON; OSError when it
+    cannot be read."""
+    from app.engine.constrain import ResponseFormat
+
+    if args.json:
+        return ResponseFormat("json_object")
+    if args.json_schema is None:
+        return None
+    with open(args.json_schema, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--json-schema {args.json_schema}: not valid JSON: {exc}") from None
+    return ResponseFormat("json_schema", schema, args.json_schema)
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -62,13 +88,20 @@ def main(args: argparse.Namespace) -> int:
     if not prompt.strip():
         parser.error("the prompt is empty")
     try:
-        return asyncio.run(_run(args, prompt))
+        fmt = response_format(args)
+    except OSError as exc:
+        return fail(f"--json-schema {args.json_schema}: {exc.strerror}")
+    except ValueError as exc:
+        return fail(str(exc))
+    try:
+        return asyncio.run(_run(args, prompt, fmt))
     except user_errors() as exc:
         return fail(str(exc))
 
 
-async def _run(args: argparse.Namespace, prompt: str) -> int:
+async def _run(args: argparse.Namespace, prompt: str, fmt=None) -> int:
     from app.engine import SamplingParams
+    from app.engine.constrain import GrammarError
     from app.prompts import chat_prompt_ids, raw_prompt_ids
 
     params = SamplingParams(  # flags given, else the model's recommended settings
@@ -76,6 +109,12 @@ async def _run(args: argparse.Namespace, prompt: str) -> int:
     )
     engine = load_engine(args, max_seqs=1)
     try:
+        if fmt is not None:  # the grammar is built for the loaded model's vocabulary
+            try:
+                params.grammar = engine.grammars.compile(fmt)
+            except GrammarError as exc:
+                what = f"--json-schema {args.json_schema}" if args.json_schema else "--json"
+                return fail(f"{what}: {exc.reason}")
         if args.raw:
             prompt_ids = raw_prompt_ids(engine.tokenizer, prompt)
         else:

@@ -79,6 +79,7 @@ class AsyncEngine:
         self.backend_name = backend_name
         self.info = self.runner.info
         self.tokenizer = self.runner.tokenizer
+        self.grammars = engine.grammars  # compiles response formats (thread-safe)
         self.context_length = engine.context_length
         self.max_waiting = engine.config.scheduler.max_waiting
         self.consumer_wait_s = 0.05  # see _deliver

@@ -22,12 +22,15 @@ import numpy as np
 
 from app.engine.block_manager import BlockManager
 from app.engine.config import EngineConfig, SchedulerConfig
+from app.engine.constrain import GrammarCompiler
+from app.engine.constrain.mask import MaskRequest, apply_masks, fill_masks
 from app.engine.detokenizer import IncrementalDetokenizer
 from app.engine.remote_prefill import RemoteOutcome, RemotePrefill
 from app.engine.request import Request, RequestStatus
 from app.engine.sampler import distribution, position_rng, sample, seed_key
 from app.engine.scheduler import Scheduler, SchedulerOutput
 from app.engine.slots import SlotPool
+from app.engine.spec_decode.draft_model import PENDING
 from app.engine.spec_decode.speculator import Speculator
 from app.engine.spec_decode.verify import rejection_sample
 from app.engine.types import (
@@ -123,6 +126,10 @@ class LLMEngine:
         self.scheduler = Scheduler(sched, self.block_manager, self.slots, self.residency)
         self.requests: dict[str, Request] = {}
         self.eos_ids = set(runner.tokenizer.eos_ids)
+        # compiles response formats for this model (`SamplingParams.grammar`); the
+        # vocabulary view is built on first use
+        self.grammars = GrammarCompiler(runner.tokenizer, runner.info.n_vocab)
+        self.mask_time_s = 0.0  # seconds spent filling and applying grammar masks
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_finished = 0
@@ -148,6 +155,8 @@ class LLMEngine:
             request.metrics.arrival_time = arrival_time
         request.seed_key = seed_key(params.seed)
         request.detokenizer = IncrementalDetokenizer(self.runner.tokenizer.token_bytes, params.stop)
+        if params.grammar is not None:
+            request.matcher = params.grammar.matcher()
         self.requests[request_id] = request
         self.scheduler.add(request)
         return request
@@ -237,6 +246,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running, self.scheduler.waiting,
                                     self.scheduler.config.max_num_batched_tokens)
+            self._cut_drafts()
         lone = self._lone_decode()
         if lone is not None:
             return lone
@@ -246,7 +256,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.fill(sched.num_scheduled_tokens)
         plan = self._build_batch(sched)
-        logits = self.runner.execute(plan.items)
+        logits = self._constrain(plan, self.runner.execute(plan.items))
         sampled = self._sample(plan, logits)
         self._verify_sampled_drafts(plan, logits, sampled)
         return self._commit(plan, sampled)
@@ -280,6 +290,38 @@ class LLMEngine:
             text += self._end(r, reason, now)
         return StepResult([self._output(r, text, [token], None)],
                           {r.request_id: range(start, start + 1)})
+
+    def _cut_drafts(self) -> None:
+        """Cut each constrained request's drafts at the first token its grammar forbids:
+        the target could never sample it, so verifying it and what follows is wasted.
+        (A draft model's drafts, computed after scheduling, are left whole: the mask
+        rejects them in verification.)"""
+        for r in self.scheduler.running:
+            drafts = r.spec_token_ids
+            if r.matcher is not None and drafts and drafts[0] != PENDING:
+                del drafts[r.matcher.valid_prefix(drafts):]
+
+    def _constrain(self, plan: StepPlan, logits: np.ndarray) -> np.ndarray:
+        """`logits` with every constrained request's rows masked to what its grammar
+        allows: row j of a request after its drafts `[:j]` (`constrain.mask`). Returns
+        `logits` itself when no scheduled row is constrained, else a masked copy of its
+        first `plan.num_rows` rows."""
+        masks: list[MaskRequest] = []
+        rows: list[int] = []
+        for s in plan.scheduled:
+            matcher = s.request.matcher
+            if matcher is None or not s.num_rows:
+                continue
+            masks.append(MaskRequest(matcher, s.first_row,
+                                     s.request.spec_token_ids[:s.num_rows - 1]))
+            rows.extend(range(s.first_row, s.first_row + s.num_rows))
+        if not masks:
+            return logits
+        t0 = time.perf_counter()
+        bitmask = fill_masks(masks, plan.num_rows, logits.shape[1])
+        out = apply_masks(logits[:plan.num_rows], bitmask, rows, sorted(self.eos_ids))
+        self.mask_time_s += time.perf_counter() - t0
+        return out
 
     def _build_batch(self, sched: SchedulerOutput) -> StepPlan:
         plan = StepPlan()
@@ -403,6 +445,8 @@ class LLMEngine:
             text, token_ids, logprobs, reason = "", [], [], None
             for token, lp in accepted:
                 piece, reason = self._append_token(r, token, now)
+                if reason is None and r.matcher is not None:
+                    reason = self._advance_grammar(r, token)
                 text += piece
                 token_ids.append(token)
                 if lp is not None:
@@ -461,6 +505,16 @@ class LLMEngine:
         if request.num_tokens >= self.context_length:
             return text, "length"
         return text, None
+
+    @staticmethod
+    def _advance_grammar(r: Request, token: int) -> str | None:
+        """Feed an accepted token to `r`'s matcher; "stop" once the grammar is complete
+        (it allows nothing but end of sequence), else None. A token the grammar refuses
+        cannot be sampled under its mask; should it happen, the request stops there."""
+        matcher = r.matcher
+        if not matcher.consume(token) or matcher.stopped:
+            return "stop"
+        return None
 
     def _token_logprob(self, token: int, lp) -> TokenLogprob:
         tok = self.runner.tokenizer

@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from app.engine.constrain import Matcher
 from app.engine.detokenizer import IncrementalDetokenizer
 from app.engine.sampler import is_plain_greedy
 from app.engine.types import RequestMetrics, SamplingParams
@@ -53,9 +54,12 @@ class Request:
     # set by the engine
     seed_key: int = 0
     detokenizer: IncrementalDetokenizer | None = None
+    # the grammar state of a constrained request (`params.grammar`): after its output tokens
+    matcher: Matcher | None = None
 
     def __post_init__(self) -> None:
-        self.plain_greedy = is_plain_greedy(self.params)  # its row is a bare argmax
+        # its row is a bare argmax; a constrained row is masked first
+        self.plain_greedy = is_plain_greedy(self.params) and self.params.grammar is None
         if not self.token_ids:
             self.token_ids = list(self.prompt_ids)
         self.metrics.prompt_tokens = len(self.prompt_ids)

@@ -338,10 +338,14 @@ def _search(weights: np.ndarray, target: float, cum: np.ndarray | None = None) -
 
 
 def _logprobs(row: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
-    """(logprob of `token`, top-`k` [(id, logprob)] descending) from log_softmax(row)."""
+    """(logprob of `token`, top-`k` [(id, logprob)] descending) from log_softmax(row).
+
+    Tokens at -inf (forbidden by a grammar mask) are left out of the top list, which can
+    then be shorter than `k`: they have no probability, and -inf is not valid JSON."""
     top = float(row.max())
     lse = top + float(np.log(np.exp(row - top).sum()))  # numpy's sum is pairwise: accurate
     ids = top_k_ids(row, k) if k > 0 else np.empty(0, dtype=np.int64)
+    ids = ids[np.isfinite(row[ids])]
     vals = row[ids].astype(np.float64) - lse
     order = np.argsort(-vals, kind="stable")  # ids ascending, so ties list the lowest id first
     top_list = [(int(ids[o]), float(vals[o])) for o in order]

@@ -7,6 +7,10 @@ knows about a backend.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.engine.constrain import CompiledGrammar
 
 
 class EngineError(Exception):
@@ -43,6 +47,10 @@ class SamplingParams:
     `logit_bias` is OpenAI's: {token id: bias in [-100, 100]} added to that token's raw logit
     before the penalties (-100 in effect bans a token, +100 forces it); ids are checked
     against the vocabulary when sampled (the server checks them at submission).
+    `grammar` (from `app.engine.constrain.GrammarCompiler.compile`, for this model) is what
+    the output must match: each sequence gets its own matcher, every logits row it samples
+    is masked to what the grammar allows before logit_bias, penalties, temperature and
+    top-k/p/min-p, and the sequence ends ("stop") once the grammar is complete.
     """
 
     max_tokens: int | None = 256
@@ -61,6 +69,7 @@ class SamplingParams:
     speculative: bool = True  # False opts this request out of speculative decoding
     prediction: list[int] | None = None  # expected output's token ids (Predicted Outputs)
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, [-100, 100]
+    grammar: CompiledGrammar | None = None  # what the output must match (constrained decoding)
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:

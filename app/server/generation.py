@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from app.engine.constrain import CompiledGrammar
 from app.engine.types import (
     EngineOverloadedError,
     PromptTooLongError,
@@ -175,6 +176,7 @@ def sampling_params(
     prediction: list[int] | None = None,
     defaults: GenerationDefaults | None = None,
     vocab: int = 0,
+    grammar: CompiledGrammar | None = None,
 ) -> SamplingParams:
     """Engine `SamplingParams` for one choice.
 
@@ -185,8 +187,9 @@ def sampling_params(
     them OpenAI's defaults apply: temperature 1, top_p 1, no top-k/min-p/repetition penalty.
     `prediction`: the predicted output's token ids (see `app.server.prediction`), shared by
     every choice; `req.speculative` false (not null) opts out of speculative decoding.
-    `vocab` (the vocabulary size, 0 = unknown) bounds `logit_bias` ids. Raises APIError 400
-    when the engine rejects a value.
+    `vocab` (the vocabulary size, 0 = unknown) bounds `logit_bias` ids. `grammar`: the
+    request's compiled `response_format` (shared by every choice; each sequence gets its
+    own matcher). Raises APIError 400 when the engine rejects a value.
     """
     room = context_length - prompt_len
     if max_tokens is not None:
@@ -210,6 +213,7 @@ def sampling_params(
             logprobs=logprobs,
             speculative=req.speculative is not False,
             prediction=prediction,
+            grammar=grammar,
         )
     except ValueError as exc:
         raise bad_request(str(exc)) from exc

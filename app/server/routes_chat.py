@@ -6,7 +6,9 @@ chunk has `"usage": null` and a final chunk with `choices: []` carries the usage
 `data: [DONE]`.
 
 `prediction` (OpenAI's Predicted Outputs) and `speculative` (tandem's opt-out) steer
-speculative decoding only; see `app.server.schemas.SamplingFields`.
+speculative decoding only; see `app.server.schemas.SamplingFields`. `response_format`
+constrains the reply (`app.server.response_format`); tool-calling fields, and messages
+carrying `tool_calls`, are a 400 until tools are implemented.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from app.server.generation import (
 )
 from app.server.logprobs import chat_content
 from app.server.prediction import prediction_ids
+from app.server.response_format import refuse_tool_fields, response_grammar
 from app.server.responses import (
     Choice,
     envelope,
@@ -49,6 +52,10 @@ ROLE_ALIASES = {"developer": "system"}
 
 
 def _message_text(msg: ChatMessage, i: int) -> str:
+    if msg.tool_calls is not None:
+        raise bad_request("'tool_calls' in messages is not supported yet: this server does not "
+                          "call tools.", param=f"messages[{i}].tool_calls",
+                          code="unsupported_parameter")
     content = msg.content
     if content is None:
         return ""
@@ -104,6 +111,7 @@ def render_prompt(engine: Any, messages: list[dict[str, str]]) -> list[int]:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Ctx) -> Response:
     model = ctx.resolve_model(body.model)
+    refuse_tool_fields(body)
     prompt_ids = render_prompt(ctx.engine, template_messages(body.messages))
     check_prompt(prompt_ids, ctx.context_length, n_vocab(ctx.engine), "messages")
     if body.top_logprobs is not None and not body.logprobs:
@@ -111,6 +119,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     top = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_completion_tokens or body.max_tokens
     prediction = prediction_ids(ctx.engine, body.prediction, ctx.context_length)
+    grammar = await response_grammar(ctx.engine, body.response_format)
     jobs = [
         Job(
             index=i,
@@ -126,6 +135,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
                 prediction=prediction,
                 defaults=ctx.defaults,
                 vocab=n_vocab(ctx.engine),
+                grammar=grammar,
             ),
         )
         for i in range(body.n or 1)

@@ -6,7 +6,8 @@ are tokenized with `app.prompts.raw_prompt_ids` (BOS added if the model wants it
 used as given. `max_tokens` defaults to 16, as OpenAI's does. `echo` prepends the prompt
 (its text, or the decoded ids) to each choice; with `logprobs`, echoed prompt tokens carry
 null log-probabilities (the engine does not score prompts). `prediction` (one for every
-prompt and choice) and `speculative` work as on chat completions.
+prompt and choice), `speculative` and `response_format` (a tandem extension here, as in
+vLLM: the completion must match it) work as on chat completions.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from app.server.generation import (
 )
 from app.server.logprobs import LegacyLogprobs, merge_legacy
 from app.server.prediction import prediction_ids
+from app.server.response_format import refuse_tool_fields, response_grammar
 from app.server.responses import (
     Choice,
     envelope,
@@ -84,6 +86,7 @@ class _Echo:
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, ctx: Ctx) -> Response:
     model = ctx.resolve_model(body.model)
+    refuse_tool_fields(body)
     n = body.n or 1
     if body.best_of is not None and body.best_of != n:
         raise bad_request("best_of is not supported (use n).", "best_of")
@@ -94,6 +97,7 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx) -> Re
         check_prompt(p.ids, ctx.context_length, n_vocab(ctx.engine), "prompt")
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     prediction = prediction_ids(ctx.engine, body.prediction, ctx.context_length)
+    grammar = await response_grammar(ctx.engine, body.response_format)
     jobs = []
     for pi, p in enumerate(prompts):
         for i in range(n):
@@ -108,6 +112,7 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx) -> Re
                 prediction=prediction,
                 defaults=ctx.defaults,
                 vocab=n_vocab(ctx.engine),
+                grammar=grammar,
             )
             jobs.append(Job(index=index, prompt_index=pi, prompt_ids=p.ids, params=params))
     echoes = [_Echo(ctx.engine, p) for p in prompts] if body.echo else None

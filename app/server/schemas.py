@@ -95,6 +95,7 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]  # OpenAI's roles
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: Any = None  # refused (400) until tools are implemented
 
 
 class SamplingFields(_Body):
@@ -114,6 +115,11 @@ class SamplingFields(_Body):
     `logit_bias` is OpenAI's: {token id (a JSON object key): bias in [-100, 100]}, added to
     the token's logit before sampling, for this request only; ids outside the vocabulary
     are a 400 (checked by `app.server.generation.sampling_params`).
+
+    `response_format` is OpenAI's structured outputs (`text`, `json_object`, `json_schema`),
+    enforced by the engine's grammar masks; see `app.server.response_format`. `tools`,
+    `tool_choice`, `parallel_tool_calls`, `functions` and `function_call` are refused (400)
+    until tool calling is implemented.
     """
 
     model: str | None = None
@@ -135,6 +141,13 @@ class SamplingFields(_Body):
     ignore_eos: bool | None = None
     prediction: Any = None  # checked by app.server.prediction, for OpenAI's error wording
     speculative: bool | None = None
+    response_format: Any = None  # checked by app.server.response_format
+    # tool calling: refused with a 400 naming the field (app.server.response_format)
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
 
     @field_validator("stop")
     @classmethod
