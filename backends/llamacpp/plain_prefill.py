@@ -26,9 +26,10 @@ from backends.llamacpp import runtime
 from backends.llamacpp.batch import TokenBatch
 from backends.llamacpp.memory import ContextMemory
 
-# Chunks of at least this many tokens go to the plain weights: at 64 tokens plain prefill
-# is 1.34x the repacked one's speed, at 32 0.92x (app.bench.repack, Qwen2.5-Coder-1.5B).
-PLAIN_PREFILL_MIN_TOKENS = 64
+# Chunks of at least this many tokens go to the plain weights: plain prefill runs at 0.86x
+# the repacked one's speed at 16 tokens, 1.09x at 32, 1.34x at 64 (app.bench.repack,
+# Qwen2.5-Coder-1.5B Q4_K_M, README).
+PLAIN_PREFILL_MIN_TOKENS = 32
 
 
 class PlainPrefill:
