@@ -23,6 +23,7 @@ from app.commands.engine_flags import (
 from app.commands.graceful import GracefulServer, bind_socket
 from app.commands.peer_flags import add_peer_args
 from app.config import EngineArgs
+from backends.llamacpp.plain_prefill import PLAIN_PREFILL_MIN_TOKENS
 from backends.llamacpp.repack import describe as describe_repack
 from backends.llamacpp.repack import weight_summary
 from models.registry import DEFAULT_MODEL, generation_defaults
@@ -142,8 +143,10 @@ def run(args: argparse.Namespace) -> int:
                   f"tokens, {d['kv_bytes'] / 2**30:.1f} GiB (budget "
                   f"{d['kv_budget_bytes'] / 2**30:.1f} GiB, 1/8 of memory)", flush=True)
         if d["weight_buffers"]:
+            plain = (f"; prefill chunks of {PLAIN_PREFILL_MIN_TOKENS}+ tokens on the plain "
+                     "weights" if d["plain_prefill"] else "")
             print(f"tandem: weights: {weight_summary(d['weight_buffers'])} "
-                  f"({describe_repack(d['repack'])})", flush=True)
+                  f"({describe_repack(d['repack'])}{plain})", flush=True)
         peer = engine.engine.scheduler.remote
         if peer is not None:
             print(f"tandem: two-box: prompts go to the prefill worker at {peer.peer.host}:"

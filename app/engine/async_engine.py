@@ -101,8 +101,9 @@ class AsyncEngine:
     def describe(self) -> dict[str, object]:
         """What serves requests: backend, model, KV layout, KV bytes allocated and the budget
         (llama.cpp), block size, slots, context length, whether it speculates, and the
-        weight buffers {llama.cpp buffer type: MiB} and the repack verdict (llama.cpp's
-        `RepackVerdict`; None elsewhere)."""
+        weight buffers {llama.cpp buffer type: MiB}, the repack verdict (llama.cpp's
+        `RepackVerdict`; None elsewhere) and whether large prefill chunks run on plain
+        weights."""
         runner = self.runner
         return {
             "backend": self.backend_name,
@@ -116,6 +117,7 @@ class AsyncEngine:
             "speculation": self.engine.speculator is not None,
             "weight_buffers": getattr(runner, "weight_buffers", None),
             "repack": getattr(runner, "repack", None),
+            "plain_prefill": getattr(runner, "plain_prefill", None) is not None,
         }
 
     # -- requests --------------------------------------------------------------------------
