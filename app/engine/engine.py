@@ -25,7 +25,7 @@ from app.engine.block_manager import BlockManager
 from app.engine.config import EngineConfig, SchedulerConfig
 from app.engine.constrain import GrammarCompiler
 from app.engine.constrain.mask import MaskRequest, apply_masks
-from app.engine.constrain.pipeline import MaskPipeline, MaskStats, PendingMasks
+from app.engine.constrain.pipeline import MaskPipeline, MaskStats, PendingMasks, spare_core
 from app.engine.detokenizer import IncrementalDetokenizer
 from app.engine.remote_prefill import RemoteOutcome, RemotePrefill
 from app.engine.request import Request, RequestStatus
@@ -131,8 +131,10 @@ class LLMEngine:
         # compiles response formats for this model (`SamplingParams.grammar`); the
         # vocabulary view is built on first use
         self.grammars = GrammarCompiler(runner.tokenizer, runner.info.n_vocab)
-        # masks are filled on a worker thread while the runner computes the step
-        self.masks = MaskPipeline(overlap=True)
+        # masks are filled on a worker thread while the runner computes the step, where a
+        # core is left over: llama.cpp's workers spin at barriers, and a thread taking one
+        # of their cores stalls the whole step
+        self.masks = MaskPipeline(overlap=spare_core(runner))
         self.mask_stats = MaskStats()
         self.constrained_requests = 0  # requests added with a grammar
         self.prompt_tokens_total = 0

@@ -4,13 +4,16 @@ A step's masks need only its requests' grammar states and drafts, both fixed onc
 batch is built; the step's logits are not needed until sampling. So `MaskPipeline.start`
 hands the fill to a worker thread before `runner.execute`, and `result` collects it after:
 llguidance releases the GIL while it fills, and llama.cpp and MLX release it while they
-compute, so the two run side by side. (A mask for step t+1 cannot start during step t: it
+compute, so the two run side by side. Only where a core is spare (`spare_core`): on a CPU
+whose every core runs a llama.cpp worker, a mask thread stalls the step's barriers, so the
+fill then runs on the engine's thread before the step (inline). (A mask for step t+1 cannot start during step t: it
 needs the token step t samples.) While a fill runs its matchers belong to the worker; the
 engine's thread waits in `runner.execute` and touches none of them.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -106,6 +109,17 @@ class MaskPipeline:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+def spare_core(runner: object) -> bool:
+    """Whether a mask thread can run beside `runner` without taking a core its compute
+    threads use: True unless the runner has CPU threads (`n_threads`, llama.cpp) for every
+    core of the process."""
+    threads = getattr(runner, "n_threads", None)
+    if not isinstance(threads, int):
+        return True  # the GPU computes (MLX) or the runner is not CPU-bound
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (cores or 1) > threads
 
 
 def _timed_fill(requests: list[MaskRequest], num_rows: int,
