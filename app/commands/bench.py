@@ -43,7 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="speculative-decoding benchmark: comma-separated workloads "
                         "(code-edit, prediction, free); --spec is then a comma-separated "
                         "list of modes, each compared with off in the same run "
-                        "(app/bench/spec.py) (default: none)")
+                        "(app/bench/spec.py). With json-schema: the structured-output "
+                        "benchmark (json-schema,free: constrained vs unconstrained, forced "
+                        "drafts on and off, under --spec; app/bench/structured.py) "
+                        "(default: none)")
     p.add_argument("--url", help="benchmark an OpenAI-compatible server instead (HTTP; "
                    "default: the engine in-process)")
     p.add_argument("--api-key", default=None,
@@ -150,6 +153,7 @@ def _http(args: argparse.Namespace, levels: list[int]) -> list[dict]:
 
 def _spec(args: argparse.Namespace, levels: list[int]) -> int:
     from app.bench.spec import WORKLOADS, plot_frontier, run_spec_bench
+    from app.bench.structured import WORKLOADS as STRUCTURED
     from app.engine.config import SpecConfig
     from app.spec_profile import step_time_curve
     from backends.base import RunnerConfig
@@ -157,8 +161,11 @@ def _spec(args: argparse.Namespace, levels: list[int]) -> int:
     from models.store import resolve_model
 
     workloads = [w for w in args.workload.split(",") if w]
-    if any(w not in WORKLOADS for w in workloads):
-        return fail(f"--workload must be among {', '.join(WORKLOADS)}")
+    structured = any(w in STRUCTURED for w in workloads)
+    known = ("free", *STRUCTURED) if structured else WORKLOADS
+    if any(w not in known for w in workloads):
+        return fail(f"--workload must be among {', '.join(WORKLOADS)}, or among "
+                    f"{', '.join(('free', *STRUCTURED))}")
     modes = [m for m in args.spec.split(",") if m and m != "off"]
     try:
         for m in modes:
@@ -172,7 +179,13 @@ def _spec(args: argparse.Namespace, levels: list[int]) -> int:
         return fail(str(exc))
     draft_runner = None
     try:
-        curve, cached = step_time_curve(runner, path, backend)
+        if structured:  # measured now, beside the cells it drives (the cache is not touched)
+            from app.engine.spec_decode.controller import StepTimeCurve
+            from app.engine.spec_decode.profile import measure_step_times
+
+            curve, cached = StepTimeCurve(measure_step_times(runner)), False
+        else:
+            curve, cached = step_time_curve(runner, path, backend)
         print(json.dumps({"step_time_ratios": curve.ratios(), "t1_ms": round(curve(1) * 1e3, 2),
                           "cached": cached}), flush=True)
         draft = None
@@ -187,6 +200,14 @@ def _spec(args: argparse.Namespace, levels: list[int]) -> int:
             print(json.dumps({"draft_step_time_ratios": draft_curve.ratios(),
                               "draft_t1_ms": round(draft_curve(1) * 1e3, 2)}), flush=True)
             draft = (draft_runner, draft_curve)
+        if structured:
+            from app.bench.structured import run_structured_bench
+
+            if len(modes) > 1:
+                return fail("the structured-output benchmark takes one --spec mode")
+            run_structured_bench(runner, curve, workloads, levels, modes[0] if modes else "off",
+                                 args.max_tokens, emit=lambda r: print(json.dumps(r), flush=True))
+            return 0
         results = run_spec_bench(runner, curve, workloads, levels, modes, args.max_tokens,
                                  emit=lambda r: print(json.dumps(r), flush=True), draft=draft)
     except user_errors() as exc:

@@ -169,6 +169,9 @@ def _summary(m, finish_reason: str | None) -> str:
     if m.num_draft_tokens:
         spec = (f" · drafts accepted {m.num_accepted_tokens}/{m.num_draft_tokens} "
                 f"({m.acceptance_rate:.0%}), {m.mean_accepted_length:.2f} per step")
+    if m.num_forced_draft_tokens:  # of those drafts, the ones the grammar forced
+        spec += (f" · forced tokens accepted {m.num_accepted_forced_tokens}/"
+                 f"{m.num_forced_draft_tokens}")
     return (
         f"TTFT {fmt(m.ttft, 'ms', 1000)} · prefill {fmt(m.prefill_tok_s, 'tok/s')} · "
         f"decode {fmt(m.decode_tok_s, 'tok/s', digits=1)} · prefix-cached {m.cached_tokens} tokens · "

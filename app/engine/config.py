@@ -59,11 +59,14 @@ class SpecConfig:
             and controller, named for what drafts); "fixed:K" (K draft tokens whenever a
             proposer has them: the benchmark's baseline); "draft" (only the draft model).
         num_draft_tokens: most draft tokens per sequence and step (the cap on k).
+        forced_drafts: a constrained request's grammar-forced tokens are drafts (in every
+            mode but off); off only to measure what they bring.
     Raises ValueError for an unknown mode or a cap below 1.
     """
 
     mode: str = "auto"
     num_draft_tokens: int = 8
+    forced_drafts: bool = True
     fixed_k: int | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:

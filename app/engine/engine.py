@@ -1,6 +1,7 @@
 """The synchronous engine. One step is a pipeline:
 
     plan (scheduler) -> build batch -> execute (runner) -> sample / verify -> commit
+                                       + grammar masks, filled beside it on a worker thread
 
 `commit` is the only place that changes a request's counters: it advances
 `num_computed_tokens`, rolls back drafted positions the target rejected (block manager
@@ -23,7 +24,8 @@ import numpy as np
 from app.engine.block_manager import BlockManager
 from app.engine.config import EngineConfig, SchedulerConfig
 from app.engine.constrain import GrammarCompiler
-from app.engine.constrain.mask import MaskRequest, apply_masks, fill_masks
+from app.engine.constrain.mask import MaskRequest, apply_masks
+from app.engine.constrain.pipeline import MaskPipeline, MaskStats, PendingMasks, spare_core
 from app.engine.detokenizer import IncrementalDetokenizer
 from app.engine.remote_prefill import RemoteOutcome, RemotePrefill
 from app.engine.request import Request, RequestStatus
@@ -129,7 +131,12 @@ class LLMEngine:
         # compiles response formats for this model (`SamplingParams.grammar`); the
         # vocabulary view is built on first use
         self.grammars = GrammarCompiler(runner.tokenizer, runner.info.n_vocab)
-        self.mask_time_s = 0.0  # seconds spent filling and applying grammar masks
+        # masks are filled on a worker thread while the runner computes the step, where a
+        # core is left over: llama.cpp's workers spin at barriers, and a thread taking one
+        # of their cores stalls the whole step
+        self.masks = MaskPipeline(overlap=spare_core(runner))
+        self.mask_stats = MaskStats()
+        self.constrained_requests = 0  # requests added with a grammar
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_finished = 0
@@ -157,6 +164,7 @@ class LLMEngine:
         request.detokenizer = IncrementalDetokenizer(self.runner.tokenizer.token_bytes, params.stop)
         if params.grammar is not None:
             request.matcher = params.grammar.matcher()
+            self.constrained_requests += 1
         self.requests[request_id] = request
         self.scheduler.add(request)
         return request
@@ -256,7 +264,14 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.fill(sched.num_scheduled_tokens)
         plan = self._build_batch(sched)
-        logits = self._constrain(plan, self.runner.execute(plan.items))
+        masks = self._start_masks(plan)
+        try:
+            logits = self.runner.execute(plan.items)
+        finally:
+            if masks is not None:  # the worker must be done with the matchers either way
+                masks.result()
+        if masks is not None:
+            logits = self._constrain(plan, logits, masks)
         sampled = self._sample(plan, logits)
         self._verify_sampled_drafts(plan, logits, sampled)
         return self._commit(plan, sampled)
@@ -301,11 +316,10 @@ class LLMEngine:
             if r.matcher is not None and drafts and drafts[0] != PENDING:
                 del drafts[r.matcher.valid_prefix(drafts):]
 
-    def _constrain(self, plan: StepPlan, logits: np.ndarray) -> np.ndarray:
-        """`logits` with every constrained request's rows masked to what its grammar
-        allows: row j of a request after its drafts `[:j]` (`constrain.mask`). Returns
-        `logits` itself when no scheduled row is constrained, else a masked copy of its
-        first `plan.num_rows` rows."""
+    def _start_masks(self, plan: StepPlan) -> PendingMasks | None:
+        """Start filling the masks of the step's constrained rows (row j of a request: its
+        grammar after its drafts `[:j]`, `constrain.mask`); None when no scheduled row is
+        constrained."""
         masks: list[MaskRequest] = []
         rows: list[int] = []
         for s in plan.scheduled:
@@ -316,11 +330,18 @@ class LLMEngine:
                                      s.request.spec_token_ids[:s.num_rows - 1]))
             rows.extend(range(s.first_row, s.first_row + s.num_rows))
         if not masks:
-            return logits
+            return None
+        return self.masks.start(masks, rows, plan.num_rows, self.runner.info.n_vocab)
+
+    def _constrain(self, plan: StepPlan, logits: np.ndarray,
+                   masks: PendingMasks) -> np.ndarray:
+        """The step's first `plan.num_rows` logits rows with every constrained row masked
+        to what its grammar allows, in place (only a read-only array is copied)."""
+        bitmask = masks.result()
         t0 = time.perf_counter()
-        bitmask = fill_masks(masks, plan.num_rows, logits.shape[1])
-        out = apply_masks(logits[:plan.num_rows], bitmask, rows, sorted(self.eos_ids))
-        self.mask_time_s += time.perf_counter() - t0
+        out = apply_masks(logits[:plan.num_rows], bitmask, masks.rows, sorted(self.eos_ids))
+        self.mask_stats.observe(len(masks.requests), masks.fill_s,
+                                time.perf_counter() - t0, masks.wait_s)
         return out
 
     def _build_batch(self, sched: SchedulerOutput) -> StepPlan:
@@ -550,6 +571,7 @@ class LLMEngine:
         """Close the prefill peer's client, the runner, and the draft model's if any."""
         if self.scheduler.remote is not None:
             self.scheduler.remote.close()
+        self.masks.close()
         self.runner.close()
         draft = getattr(self.speculator, "draft", None)
         if draft is not None:

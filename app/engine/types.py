@@ -120,6 +120,8 @@ class RequestMetrics:
     num_drafts: int = 0  # steps in which this request verified at least one draft token
     accepted_prediction_tokens: int = 0  # draft tokens from `prediction`, accepted
     rejected_prediction_tokens: int = 0  # draft tokens from `prediction`, computed and rejected
+    num_forced_draft_tokens: int = 0  # of num_draft_tokens, forced by the request's grammar
+    num_accepted_forced_tokens: int = 0  # of those, accepted
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

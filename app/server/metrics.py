@@ -7,6 +7,8 @@ Two sources:
 - an engine collector that reads `engine.stats()` at scrape time: running/waiting requests,
   KV blocks total/used/free, and the engine's cumulative prompt, generation and prefix-cache
   hit token counters. Nothing is polled in the background;
+- a constrained-decoding collector: constrained requests, grammar mask time, forced-token
+  drafts and their acceptance (`app.server.constrain_metrics`);
 - a speculative-decoding collector reading the engine's speculator stats at scrape time
   (`tandem_spec_*`, see `app.server.spec_metrics`);
 - two-box mode, per finished sequence with a prefill peer configured: where its prompt was
@@ -27,6 +29,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from app.engine.types import RequestMetrics
+from app.server.constrain_metrics import ConstrainCollector
 from app.server.spec_metrics import SpecCollector
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -92,6 +95,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine))
         self.registry.register(SpecCollector(engine))
+        self.registry.register(ConstrainCollector(engine))
         self.http_responses = Counter(
             "tandem_http_requests",
             "HTTP responses by path and status code.",

@@ -250,7 +250,8 @@ def test_metrics_families_and_labels(spec_server: Server) -> None:
     samples = scrape(spec_server)
     assert {k for k in samples if "{" not in k} == {
         "tandem_spec_drafts_total", "tandem_spec_draft_tokens_total",
-        "tandem_spec_accepted_tokens_total"}
+        "tandem_spec_accepted_tokens_total", "tandem_spec_forced_draft_tokens_total",
+        "tandem_spec_forced_accepted_tokens_total"}
     assert {k for k in samples if "by_position" in k} == {
         f'tandem_spec_accepted_tokens_by_position_total{{position="{j}"}}'
         for j in range(1, DRAFT_CAP + 1)}

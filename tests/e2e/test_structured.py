@@ -67,6 +67,23 @@ def test_chat_json_schema_output_is_valid_for_the_schema(server: Server,
     assert choice.message.content == json.dumps(value, ensure_ascii=False)
 
 
+def test_metrics_count_constrained_requests_and_mask_time(server: Server,
+                                                         client: openai.OpenAI) -> None:
+    before = server.metric("tandem_constrained_requests_total", 0.0)
+    masked = server.metric("tandem_grammar_mask_seconds_count", 0.0)
+    r = client.chat.completions.create(
+        model=server.model, messages=ASK, max_tokens=200, temperature=0, n=2,
+        response_format=json_schema_format(PERSON))  # type: ignore[arg-type]
+    tokens = r.usage.completion_tokens if r.usage else 0
+    assert server.metric("tandem_constrained_requests_total") == before + 2  # one per choice
+    # every sampled row of a constrained sequence is masked: at least one per step
+    assert server.metric("tandem_grammar_mask_seconds_count") > masked
+    assert server.metric('tandem_grammar_mask_seconds_bucket{le="+Inf"}') == server.metric(
+        "tandem_grammar_mask_seconds_count")
+    assert server.metric("tandem_grammar_mask_fill_seconds_total") > 0
+    assert tokens > 0
+
+
 def test_json_object_mode_gives_a_json_object(server: Server, client: openai.OpenAI) -> None:
     r = client.chat.completions.create(
         model=server.model, max_tokens=120, temperature=0, response_format={"type": "json_object"},

@@ -27,6 +27,9 @@ from backends.llamacpp.runner import LlamaCppRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAT = StepTimeCurve({1: 1.0, 64: 1.01})  # makes the controller draft as much as it can
+# this machine's measured curve (tests/unit/helpers.py): n-gram drafts never pay on it
+STEEP = StepTimeCurve({1: 1.0, 2: 1.918, 3: 2.354, 4: 2.887, 5: 3.762, 6: 4.309,
+                       8: 5.292, 16: 9.371})
 ORDER = {
     "type": "object",
     "properties": {
@@ -60,11 +63,12 @@ def grammar(runner):
         ResponseFormat("json_schema", ORDER, "order"))
 
 
-def generate(runner, prompts, params, spec: str | None):
-    """(texts, finish reasons, draft tokens) per prompt, submitted together."""
+def generate(runner, prompts, params, spec: str | None, curve=FLAT, forced: bool = True):
+    """(texts, tokens, finish reasons, draft tokens) per prompt, submitted together."""
     config = EngineConfig(context_length=1024, scheduler=SchedulerConfig(
         max_num_seqs=4, max_num_batched_tokens=512))
-    speculator = Speculator(SpecConfig(mode=spec), FLAT, 1024) if spec else None
+    speculator = (Speculator(SpecConfig(mode=spec, forced_drafts=forced), curve, 1024)
+                  if spec else None)
     engine = LLMEngine(runner, config, speculator=speculator)
     reqs = [engine.add_request(str(i), prompt, p)
             for i, (prompt, p) in enumerate(zip(prompts, params, strict=True))]
@@ -120,6 +124,46 @@ def test_same_tokens_with_speculation_on_and_off(runner, grammar, sampling):
         jsonschema.validate(json.loads(text), ORDER)
 
 
+@pytest.mark.parametrize("sampling", [
+    dict(temperature=0.0),
+    dict(temperature=0.8, top_p=0.95, seed=11),
+])
+def test_forced_drafts_pay_on_the_steep_curve_and_change_no_token(runner, grammar, sampling):
+    # on this CPU's curve the controller drafts only what the grammar forces (the keys
+    # and punctuation of ORDER); the target accepts them and the output is unchanged
+    prompts = [prompt(runner, "Make up an order for two books."),
+               prompt(runner, "Make up an order for a lamp.")]
+    params = [SamplingParams(max_tokens=120, grammar=grammar, **sampling)] * 2
+    plain, plain_tokens, _, _ = generate(runner, prompts, params, None)
+    config = EngineConfig(context_length=1024, scheduler=SchedulerConfig(
+        max_num_seqs=4, max_num_batched_tokens=512))
+    speculator = Speculator(SpecConfig(mode="auto"), STEEP, 1024)
+    engine = LLMEngine(runner, config, speculator=speculator)
+    reqs = [engine.add_request(str(i), p, sp)
+            for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+    tokens = {"0": [], "1": []}
+    while engine.has_work():
+        for o in engine.step():
+            tokens[o.request_id] += o.token_ids
+    assert [tokens["0"], tokens["1"]] == plain_tokens
+    got = [(r.metrics.num_forced_draft_tokens, r.metrics.num_accepted_forced_tokens,
+            r.metrics.num_draft_tokens) for r in reqs]
+    assert got == EXPECTED_FORCED[sampling["temperature"]]
+    stats = speculator.stats.snapshot()
+    assert stats["forced_draft_tokens"] == sum(g[0] for g in got)
+    assert stats["forced_accepted_tokens"] == sum(g[1] for g in got)
+    # without forced drafts the same curve drafts nothing at all
+    _, off_tokens, _, drafted = generate(runner, prompts, params, "auto", STEEP, forced=False)
+    assert off_tokens == plain_tokens and drafted == [0, 0]
+    for text in plain:
+        jsonschema.validate(json.loads(text), ORDER)
+
+
+# per request (forced draft tokens, of those accepted, all draft tokens): every forced
+# draft is accepted; the few other drafts are n-gram tokens after forced ones
+EXPECTED_FORCED = {0.0: [(44, 44, 45), (45, 45, 61)], 0.8: [(47, 47, 54), (35, 35, 40)]}
+
+
 def test_sequences_in_one_batch_each_have_their_own_matcher(runner, grammar):
     other = GrammarCompiler(runner.tokenizer, runner.info.n_vocab).compile(
         ResponseFormat("json_schema", {"type": "array", "items": {"type": "boolean"},
@@ -149,6 +193,7 @@ def test_tandem_run_json_schema(embedded_model_path, tmp_path):
     assert r.returncode == 0, r.stderr
     jsonschema.validate(json.loads(r.stdout), ORDER)
     assert "generated tokens (stop)" in r.stderr
+    assert "forced tokens accepted" in r.stderr  # speculation is on by default
     r = tandem("run", "--model", embedded_model_path, "--temperature", "0", "--threads", "1",
                "--max-tokens", "40", "--json", "A cat as JSON.")
     assert r.returncode == 0, r.stderr

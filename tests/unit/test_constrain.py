@@ -154,6 +154,11 @@ def test_apply_masks_sets_forbidden_logits_to_minus_inf_only_in_constrained_rows
     np.testing.assert_array_equal(out[0], logits[0])
     assert np.flatnonzero(np.isfinite(out[1])).tolist() == [ord("{")]
     assert out[1, ord("{")] == logits[1, ord("{")]
+    np.testing.assert_array_equal(view, logits)  # the read-only buffer was copied
+    # a writable array is masked in place: no copy of its rows
+    writable = logits.copy()
+    assert apply_masks(writable, bitmask, [1], [EOS]) is writable
+    np.testing.assert_array_equal(writable, out)
 
 
 def test_a_row_that_allows_nothing_falls_back_to_eos():

@@ -16,6 +16,7 @@ from app.engine.engine import LLMEngine
 from app.engine.spec_decode.speculator import Speculator
 from app.engine.types import SamplingParams
 from tests.fakes.runner import ScriptedRunner
+from tests.unit.helpers import MEASURED_CPU
 
 PERSON = {
     "type": "object",
@@ -31,12 +32,14 @@ PERSON = {
 VALID = '{"name": "Ann", "age": 41, "tags": ["a"]}'
 
 
-def engine(replies, spec: str | None = None) -> tuple[ScriptedRunner, LLMEngine]:
+def engine(replies, spec: str | None = None, curve=None,
+           forced_drafts: bool = True) -> tuple[ScriptedRunner, LLMEngine]:
     runner = ScriptedRunner(replies, default="", margin=2.0)
     eng = LLMEngine(runner, EngineConfig(context_length=1024, scheduler=SchedulerConfig(
         max_num_seqs=8, max_num_batched_tokens=256)))
     if spec is not None:
-        eng.speculator = Speculator(SpecConfig(mode=spec), None, eng.context_length)
+        eng.speculator = Speculator(SpecConfig(mode=spec, forced_drafts=forced_drafts),
+                                    curve, eng.context_length)
     return runner, eng
 
 
@@ -169,3 +172,61 @@ def test_the_grammar_compiler_is_built_per_engine_from_the_runner():
     assert isinstance(eng.grammars, GrammarCompiler)
     assert eng.grammars.n_logits == runner.info.n_vocab == 258
     assert eng.grammars.lltokenizer.vocab_size == 258
+
+
+def drafted_steps(runner: ScriptedRunner) -> list[bytes]:
+    """The drafts of every verify step (tokens after the first), as bytes."""
+    return [bytes(item.tokens[1:]) for step in runner.steps for item in step
+            if len(item.tokens) > 1 and item.start_pos >= 3]
+
+
+def test_forced_tokens_are_drafted_and_accepted_where_ngram_drafts_would_not_pay():
+    # the measured CPU curve: a 60%-accepted n-gram draft never pays on it, a forced one
+    # does. Every draft is grammar-forced, all are accepted, and the output is the same
+    # as without speculation.
+    runner, eng = engine([VALID + " and more text"], "auto", MEASURED_CPU)
+    req = eng.add_request("a", [1, 2, 3], params(eng, temperature=0.0))
+    got = run(eng)["a"]
+    assert got["text"] == VALID and got["finish"] == "stop"
+    m = req.metrics
+    # '{' comes from the prompt's step; then the forced runs, 8 at most (the draft cap),
+    # the target's own token after each: '"name": ' + '"', ', "age":' + ' ', (after "41"
+    # a third digit would pass the maximum 150) ', "tags"' + ':', ' ["'. A lone forced
+    # token ('"' after "a", the closing '}') is not drafted: one draft token does not pay
+    # on this curve.
+    assert drafted_steps(runner) == [b'"name": ', b', "age":', b', "tags"', b' ["']
+    assert (m.num_forced_draft_tokens, m.num_accepted_forced_tokens) == (27, 27)
+    assert (m.num_draft_tokens, m.num_accepted_tokens) == (27, 27)
+    stats = eng.speculator.stats.snapshot()
+    assert (stats["forced_draft_tokens"], stats["forced_accepted_tokens"]) == (27, 27)
+    assert len(runner.steps) == len(VALID) - 27  # one step per token not drafted
+
+
+def test_without_forced_drafts_the_same_curve_drafts_nothing():
+    runner, eng = engine([VALID + " and more text"], "auto", MEASURED_CPU, forced_drafts=False)
+    req = eng.add_request("a", [1, 2, 3], params(eng, temperature=0.0))
+    assert run(eng)["a"]["text"] == VALID
+    assert req.metrics.num_draft_tokens == req.metrics.num_forced_draft_tokens == 0
+    assert drafted_steps(runner) == []
+
+
+def test_a_prediction_continues_after_forced_tokens_and_its_rejection_changes_nothing():
+    # the prediction has a second tag the model does not write: its drafts continue after
+    # the forced ones where they agree, are rejected at ', "b"', and the output (and the
+    # grammar, which follows only verified tokens) equals decoding without speculation
+    prediction = list(b'{"name": "Ann", "age": 41, "tags": ["a", "b"]}')
+    outs = []
+    for spec in (None, "fixed:8"):
+        runner, eng = engine([VALID], spec)
+        req = eng.add_request("a", [1, 2, 3], params(eng, temperature=0.0,
+                                                     prediction=prediction))
+        outs.append((run(eng)["a"], req.metrics, runner))
+    (plain, _, _), (spec_out, m, runner) = outs
+    assert spec_out["tokens"] == plain["tokens"] and plain["text"] == VALID
+    # forced: '"name": ' (the cap), then 'e": ' followed by the prediction's '41, ',
+    # 'tags": [' (the cap), '}'; the prediction alone: 'Ann", "a' and 'a", "b"]' (2 taken)
+    assert drafted_steps(runner) == [b'"name": ', b'Ann", "a', b'e": 41, ', b'tags": [',
+                                     b'a", "b"]', b'}']
+    assert (m.num_forced_draft_tokens, m.num_accepted_forced_tokens) == (21, 21)
+    assert (m.num_draft_tokens, m.num_accepted_tokens) == (41, 35)
+    assert (m.accepted_prediction_tokens, m.rejected_prediction_tokens) == (14, 6)

@@ -74,19 +74,21 @@ def allowed(bitmask: np.ndarray, width: int) -> np.ndarray:
 
 def apply_masks(logits: np.ndarray, bitmask: np.ndarray, rows: Iterable[int],
                 fallback_ids: Iterable[int]) -> np.ndarray:
-    """A copy of `logits` ``[B, V]`` with every token `bitmask` forbids in `rows` set to
-    -inf. A row whose mask allows nothing (a matcher in error) allows `fallback_ids` (the
-    end-of-sequence ids) instead, so the sequence ends rather than the sampler failing."""
+    """Set every logit `bitmask` forbids in `rows` of `logits` ``[B, V]`` to -inf, in
+    place, and return `logits`; other rows are not touched or copied. A read-only array (a
+    backend's buffer) is copied first and the copy returned. A row whose mask allows
+    nothing (a matcher in error) allows `fallback_ids` (the end-of-sequence ids) instead,
+    so the sequence ends rather than the sampler failing."""
     rows = np.fromiter(rows, dtype=np.int64)
-    out = np.array(logits, dtype=np.float32, copy=True)
+    if not logits.flags.writeable:
+        logits = np.array(logits, dtype=np.float32, copy=True)
     if not rows.size:
-        return out
-    ok = allowed(bitmask[rows], out.shape[1])
-    empty = ~ok.any(axis=1)
+        return logits
+    forbidden = ~allowed(bitmask[rows], logits.shape[1])
+    empty = forbidden.all(axis=1)
     if empty.any():
         ids = np.fromiter(fallback_ids, dtype=np.int64)
-        ok[np.ix_(np.flatnonzero(empty), ids)] = True
-    sub = out[rows]
-    sub[~ok] = -np.inf
-    out[rows] = sub
-    return out
+        forbidden[np.ix_(np.flatnonzero(empty), ids)] = False
+    for j, row in enumerate(rows.tolist()):  # a view per row: nothing else is copied
+        np.copyto(logits[row], -np.inf, where=forbidden[j])
+    return logits

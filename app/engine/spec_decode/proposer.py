@@ -51,6 +51,17 @@ class NgramProposer:
     def kind(self, request: Request) -> str:
         return f"ngram:{request.spec_state.get('ngram_match', 0)}"
 
+    def propose_after(self, request: Request, prefix: list[int], k: int) -> list[int]:
+        """Up to `k` tokens to follow `request.token_ids + prefix` (drafts that continue
+        after forced tokens); `kind` then names this lookup's match."""
+        index = request.spec_state.get("ngram")
+        if index is None:
+            index = request.spec_state["ngram"] = NgramIndex(self.min_n, self.max_n)
+        index.update(request.token_ids)
+        drafts, n = index.propose_with_match(request.token_ids + prefix, k)
+        request.spec_state["ngram_match"] = n
+        return drafts
+
 
 class PredictionIndex:
     """Positions of every n-gram of a fixed prediction, for re-synchronising with it."""

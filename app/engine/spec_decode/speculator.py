@@ -4,6 +4,13 @@ controller size them; after verification, learns from what was accepted.
 Modes (`SpecConfig.mode`): "auto" and "ngram" (prediction drafts where a request brings a
 prediction, n-gram prompt lookup otherwise; the controller sizes every draft), "fixed:K"
 (K tokens whenever a proposer has them: the baseline the benchmark sweeps).
+
+A constrained request's drafts start with the tokens its grammar forces (`forced`), in
+every mode unless `SpecConfig.forced_drafts` is off; the other proposers' drafts continue
+after them (a prediction that agrees with them, else n-gram lookup past them), and the
+engine cuts them at the first token the grammar forbids. The controller rates forced
+positions by their own estimate (prior `FORCED_PRIOR`), so they are drafted where n-gram
+drafts would not pay.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from collections.abc import Iterable
 from app.engine.config import SpecConfig
 from app.engine.request import Request
 from app.engine.spec_decode.controller import (
+    BEST_ACCEPTANCE,
     AcceptanceEstimate,
     StepTimeCurve,
     allocate_drafts,
@@ -20,6 +28,7 @@ from app.engine.spec_decode.controller import (
     drafts_may_pay,
 )
 from app.engine.spec_decode.draft_model import PENDING, DraftModelProposer
+from app.engine.spec_decode.forced import FORCED, ForcedProposer
 from app.engine.spec_decode.proposer import NgramProposer, PredictionProposer, Proposer
 
 # First acceptance estimates of a kind of draft: enough for drafts to be tried where the
@@ -27,6 +36,9 @@ from app.engine.spec_decode.proposer import NgramProposer, PredictionProposer, P
 # on a steep curve too.
 PRIOR = 0.6
 PREDICTION_PRIOR = 0.9
+# Forced tokens are rejected only where the model picks another tokenization of the same
+# bytes, which the mask may allow: rare.
+FORCED_PRIOR = 0.98
 
 
 class SpecStats:
@@ -37,6 +49,8 @@ class SpecStats:
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.accepted_by_position = [0] * max_k  # accepted at draft position j+1
+        self.forced_draft_tokens = 0  # of draft_tokens, forced by a grammar
+        self.forced_accepted_tokens = 0  # of those, accepted
         # chosen_k[k]: times a sequence with a proposal got k drafts. A list of fixed size,
         # so `snapshot` (called from other threads) copies it in one step.
         self.chosen_k = [0] * (max_k + 1)
@@ -47,6 +61,8 @@ class SpecStats:
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
             "accepted_by_position": list(self.accepted_by_position),
+            "forced_draft_tokens": self.forced_draft_tokens,
+            "forced_accepted_tokens": self.forced_accepted_tokens,
             "chosen_k": {k: n for k, n in enumerate(list(self.chosen_k)) if n},
         }
 
@@ -82,6 +98,8 @@ class Speculator:
         self.max_k = config.num_draft_tokens
         self.proposers: list[Proposer] = (
             [] if config.mode == "draft" else [PredictionProposer(), NgramProposer()])
+        self.forced = ForcedProposer() if config.forced_drafts else None
+        self.ngram = next((p for p in self.proposers if isinstance(p, NgramProposer)), None)
         self.draft = draft
         self.draft_curve = draft_curve
         # acceptance over all sequences, per kind of draft: the prior of a new sequence. It
@@ -110,9 +128,16 @@ class Speculator:
         owners: list[int] = []
         candidates: list[tuple[Request, str, list[int]]] = []
         running = list(running)
+        forced: dict[Request, list[int]] = {}
         for r in running:
             r.spec_token_ids = []
-        if self.config.fixed_k is None and not self._may_pay(running, waiting, budget):
+            r.spec_state.pop("forced", None)
+            if (self.forced is not None and r.matcher is not None
+                    and r.num_tokens - r.num_computed_tokens == 1 and r.params.speculative):
+                tokens = self.forced.propose(r, self._cap(r))
+                if tokens:
+                    forced[r] = tokens
+        if self.config.fixed_k is None and not self._may_pay(running, waiting, budget, forced):
             return
         left = budget
         for r in running:
@@ -126,15 +151,20 @@ class Speculator:
             cap = self._cap(r) if r.params.speculative else 0
             if cap <= 0:
                 continue
+            if r in forced:
+                kind, tail = self._after_forced(r, forced[r], cap)
+                candidates.append((r, kind, forced[r] + tail, len(forced[r])))
+                owners.append(len(counts) - 1)
+                continue
             for proposer in self.proposers:
                 drafts = proposer.propose(r, cap)
                 if drafts:
-                    candidates.append((r, proposer.kind(r), drafts))
+                    candidates.append((r, proposer.kind(r), drafts, 0))
                     owners.append(len(counts) - 1)
                     break
             else:
                 if self.draft is not None:  # its tokens are computed once k is known
-                    candidates.append((r, "draft", [PENDING] * cap))
+                    candidates.append((r, "draft", [PENDING] * cap, 0))
                     owners.append(len(counts) - 1)
         taken = set(slots)
         free = (s for s in range(1 << 16) if s not in taken)
@@ -148,25 +178,58 @@ class Speculator:
         if not candidates:
             return
         if self.config.fixed_k is not None:
-            ks = [min(self.config.fixed_k, len(d)) for _, _, d in candidates]
+            ks = [min(self.config.fixed_k, len(d)) for _, _, d, _ in candidates]
         else:
-            rates = [self._estimate(r, name).rates() for r, name, _ in candidates]
+            rates = [self._rates(r, name, n_forced, len(d))
+                     for r, name, d, n_forced in candidates]
             ks = allocate_drafts(self.curve, counts, num_decoding, rates,
-                                 [len(d) for _, _, d in candidates], owners,
+                                 [len(d) for _, _, d, _ in candidates], owners,
                                  self.equal_split, self.draft_curve,
-                                 [kind == "draft" for _, kind, _ in candidates], slots)
-        for (r, kind, drafts), k in zip(candidates, ks, strict=True):
+                                 [kind == "draft" for _, kind, _, _ in candidates], slots)
+        for (r, kind, drafts, n_forced), k in zip(candidates, ks, strict=True):
             self.stats.chosen_k[k] += 1
             if k:
                 r.spec_token_ids = drafts[:k]
                 r.spec_state["source"] = kind
+                if n_forced:
+                    r.spec_state["forced"] = min(n_forced, k)
             else:
                 # not tried: let what is known fade towards the prior, slowly, so that a
                 # kind of draft that did badly once is tried again some time later
-                self._estimate(r, kind).forget(0.95)
-                self._global(kind).forget(0.999)
+                for name in {kind, FORCED} if n_forced else (kind,):
+                    self._estimate(r, name).forget(0.95)
+                    self._global(name).forget(0.999)
 
-    def _may_pay(self, running: list[Request], waiting: Iterable[Request], budget: int) -> bool:
+    def _after_forced(self, r: Request, forced: list[int], cap: int) -> tuple[str, list[int]]:
+        """(kind, drafts) to follow `r`'s forced tokens, up to `cap` in all: a prediction's
+        drafts when they start with the forced tokens, else n-gram lookup past them; kind
+        is FORCED when nothing follows."""
+        room = cap - len(forced)
+        if room <= 0:
+            return FORCED, []
+        for proposer in self.proposers:
+            if isinstance(proposer, PredictionProposer):
+                drafts = proposer.propose(r, cap)
+                if drafts[:len(forced)] == forced and len(drafts) > len(forced):
+                    return proposer.kind(r), drafts[len(forced):]
+        if self.ngram is not None:
+            tail = self.ngram.propose_after(r, forced, room)
+            if tail:
+                return self.ngram.kind(r), tail
+        return FORCED, []
+
+    def _rates(self, r: Request, kind: str, n_forced: int, n: int) -> list[float]:
+        """Conditional acceptance by draft position for `n` drafts of which the first
+        `n_forced` are forced and the rest of `kind`."""
+        if not n_forced:
+            return self._estimate(r, kind).rates()
+        rates = self._estimate(r, FORCED).rates()[:n_forced]
+        if kind != FORCED:
+            rates += self._estimate(r, kind).rates()[:n - n_forced]
+        return rates
+
+    def _may_pay(self, running: list[Request], waiting: Iterable[Request], budget: int,
+                 forced: dict[Request, list[int]]) -> bool:
         """Whether drafts could pay in this step; if not, the proposers do not even run.
 
         Two upper bounds. By the step's shape (cached): even drafts accepted at
@@ -180,18 +243,19 @@ class Speculator:
             total += todo
             decoding += todo == 1
         total += sum(r.num_tokens - r.num_computed_tokens for r in waiting)
-        key = (min(total, budget), decoding)
+        # forced drafts may be accepted above BEST_ACCEPTANCE: bound with 1 then
+        key = (min(total, budget), decoding, bool(forced))
         max_drafts = min(decoding * self.max_k, budget - key[0])
         if len(self._can_pay) > 4096:
             self._can_pay.clear()
         verdict = self._can_pay.get(key)
         if verdict is None:
             # the draft model's own cost only lowers the bound: leave it out
-            verdict = self._can_pay[key] = drafts_can_pay(self.curve, key[0], decoding,
-                                                          max_drafts)
+            verdict = self._can_pay[key] = drafts_can_pay(
+                self.curve, key[0], decoding, max_drafts, 1.0 if forced else BEST_ACCEPTANCE)
         if not verdict:
             return False
-        ceilings = tuple(self._ceiling(r) for r in running
+        ceilings = tuple(self._ceiling(r, r in forced) for r in running
                          if r.num_tokens - r.num_computed_tokens == 1)
         verdict = self._can_pay.get((key, ceilings))
         if verdict is None:
@@ -199,15 +263,18 @@ class Speculator:
                 self.curve, key[0], decoding, ceilings, self.max_k, max_drafts)
         return verdict
 
-    def _ceiling(self, r: Request) -> float:
+    def _ceiling(self, r: Request, forced: bool = False) -> float:
         """The highest conditional acceptance any draft of `r` can be estimated at before the
         next verification: its own estimates' ceilings, and those a kind of draft it has
-        not drafted yet would start from (the global estimates and their priors)."""
+        not drafted yet would start from (the global estimates and their priors); with
+        `forced` tokens to draft, theirs too."""
         if not r.params.speculative:
             return 0.0
+        if forced:
+            return max(self._estimate(r, FORCED).ceiling(), self._ceiling(r))
         if self._global_ceilings is None:
             plain = max([PRIOR] + [g.ceiling() for kind, g in self.global_estimates.items()
-                                   if kind != "prediction"])
+                                   if kind not in ("prediction", FORCED)])
             pred = self.global_estimates.get("prediction")
             self._global_ceilings = (plain, max(plain, PREDICTION_PRIOR,
                                                 pred.ceiling() if pred else 0.0))
@@ -222,7 +289,7 @@ class Speculator:
     def _global(self, kind: str) -> AcceptanceEstimate:
         est = self.global_estimates.get(kind)
         if est is None:
-            prior = PREDICTION_PRIOR if kind == "prediction" else PRIOR
+            prior = {"prediction": PREDICTION_PRIOR, FORCED: FORCED_PRIOR}.get(kind, PRIOR)
             est = self.global_estimates[kind] = AcceptanceEstimate(self.max_k, prior=prior,
                                                                    decay=0.98)
             self._global_ceilings = None
@@ -234,23 +301,39 @@ class Speculator:
         if est is None:
             est = AcceptanceEstimate(self.max_k, prior=self._global(kind).rates())
             r.spec_state[key] = est
-            r.spec_state["ceiling"] = max(r.spec_state.get("ceiling", 0.0), est.ceiling())
+            if kind != FORCED:  # forced tokens are rated on their own (`_ceiling`)
+                r.spec_state["ceiling"] = max(r.spec_state.get("ceiling", 0.0), est.ceiling())
         return est
 
     def observe(self, r: Request, num_drafted: int, num_accepted: int) -> None:
-        """Called by the commit after verifying `num_drafted` drafts of `r`."""
+        """Called by the commit after verifying `num_drafted` drafts of `r` (the first
+        `spec_state["forced"]` of them forced by its grammar), `num_accepted` accepted."""
         name = r.spec_state.get("source", "ngram:0")
-        self._estimate(r, name).observe(num_drafted, num_accepted)
-        self._global(name).observe(num_drafted, num_accepted)
-        self._global_ceilings = None
-        r.spec_state["ceiling"] = max(est.ceiling() for key, est in r.spec_state.items()
-                                      if key.startswith("estimate:"))
+        n_forced = min(r.spec_state.get("forced", 0), num_drafted)
+        if n_forced:  # the forced prefix and what followed it learn apart
+            accepted = min(num_accepted, n_forced)
+            self._learn(r, FORCED, n_forced, accepted)
+            self.stats.forced_draft_tokens += n_forced
+            self.stats.forced_accepted_tokens += accepted
+            r.metrics.num_forced_draft_tokens += n_forced
+            r.metrics.num_accepted_forced_tokens += accepted
+        if num_drafted > n_forced and num_accepted >= n_forced:
+            self._learn(r, name, num_drafted - n_forced, num_accepted - n_forced)
+        r.spec_state["ceiling"] = max((est.ceiling() for key, est in r.spec_state.items()
+                                       if key.startswith("estimate:")
+                                       and key != "estimate:" + FORCED), default=0.0)
         s = self.stats
         s.drafts += 1
         s.draft_tokens += num_drafted
         s.accepted_tokens += num_accepted
         for j in range(min(num_accepted, self.max_k)):
             s.accepted_by_position[j] += 1
-        if name == "prediction":
-            r.metrics.accepted_prediction_tokens += num_accepted
-            r.metrics.rejected_prediction_tokens += num_drafted - num_accepted
+        if name == "prediction" and num_drafted > n_forced:
+            accepted = max(num_accepted - n_forced, 0)
+            r.metrics.accepted_prediction_tokens += accepted
+            r.metrics.rejected_prediction_tokens += num_drafted - n_forced - accepted
+
+    def _learn(self, r: Request, kind: str, num_drafted: int, num_accepted: int) -> None:
+        self._estimate(r, kind).observe(num_drafted, num_accepted)
+        self._global(kind).observe(num_drafted, num_accepted)
+        self._global_ceilings = None
