@@ -219,7 +219,9 @@ def test_speculative_false_drafts_nothing(spec_server: Server, spec_client: open
     assert r.usage.completion_tokens == n_tokens
     assert details(r.usage) == (0, 0)
     assert set(d.values()) == {0}
-    assert len(d) == 3 + DRAFT_CAP + (DRAFT_CAP + 1)  # every family still exposed
+    # every family still exposed: drafts, accepted, steps; per position; k chosen; the
+    # grammar-forced drafts and their accepted tokens
+    assert len(d) == 3 + DRAFT_CAP + (DRAFT_CAP + 1) + 2
 
 
 def test_n2_and_legacy_completions_sum_over_choices(spec_server: Server,
