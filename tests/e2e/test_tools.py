@@ -75,7 +75,8 @@ def streamed_calls(client: openai.OpenAI, **kw) -> tuple[dict[int, dict], str | 
 
 def test_required_call_has_valid_arguments(server: Server, client: openai.OpenAI) -> None:
     r = client.chat.completions.create(model=server.model, messages=ASK, tools=TOOLS,
-                                       tool_choice="required", max_tokens=120, temperature=0)
+                                       tool_choice="required", parallel_tool_calls=False,
+                                       max_tokens=120, temperature=0)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
@@ -96,7 +97,7 @@ def test_named_call_is_that_tool_and_one_call_without_parallel(server: Server,
 def test_streamed_arguments_equal_the_collected_ones(server: Server,
                                                      client: openai.OpenAI) -> None:
     kw = dict(model=server.model, messages=ASK, tools=TOOLS, tool_choice="required",
-              max_tokens=120, temperature=0)
+              parallel_tool_calls=False, max_tokens=120, temperature=0)
     whole = client.chat.completions.create(**kw)
     calls, finish, content = streamed_calls(client, **kw)
     assert finish == "tool_calls" and content == ""
@@ -106,8 +107,8 @@ def test_streamed_arguments_equal_the_collected_ones(server: Server,
 
 def test_two_turn_tool_loop(server: Server, client: openai.OpenAI) -> None:
     first = client.chat.completions.create(model=server.model, messages=ASK, tools=TOOLS,
-                                           tool_choice="required", max_tokens=120,
-                                           temperature=0)
+                                           tool_choice="required", parallel_tool_calls=False,
+                                           max_tokens=120, temperature=0)
     call = check_calls(first.choices[0].message)[0]
     history = [*ASK, first.choices[0].message.model_dump(exclude_none=True),
                {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C."}]
