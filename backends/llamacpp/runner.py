@@ -19,7 +19,8 @@ from backends.llamacpp import runtime
 from backends.llamacpp.batch import TokenBatch
 from backends.llamacpp.kv_plan import check_args, context_error, kv_budget_bytes, plan_kv
 from backends.llamacpp.memory import ContextMemory, blob_pointer
-from backends.llamacpp.repack import repack_verdict
+from backends.llamacpp.plain_prefill import PLAIN_PREFILL_MIN_TOKENS, PlainPrefill
+from backends.llamacpp.repack import PLAIN_BUFFERS, repack_verdict
 from backends.llamacpp.residency import PrefixResidency, SplitResidency, UnifiedResidency
 from backends.llamacpp.runtime import default_threads
 from backends.llamacpp.tokenizer import LlamaCppTokenizer
@@ -37,6 +38,13 @@ _FLASH_ATTN = {
 # then computes only its last prompt token, not up to a block's worth (README, "tandem serve
 # vs llama-server", for what that does to TTFT at 16 users).
 BLOCK_SIZE = 1
+
+
+def _plain_prefill_chunk(item: BatchItem) -> bool:
+    """A prompt chunk for the plain weights: long enough to be faster there, and wanting at
+    most its last token's logits (a chunk with other rows' logits stays in one step)."""
+    n = len(item.tokens)
+    return n >= PLAIN_PREFILL_MIN_TOKENS and item.logits_indices in ([], [n - 1])
 
 
 class LlamaCppRunner:
@@ -136,15 +144,31 @@ class LlamaCppRunner:
         self.tokenizer = LlamaCppTokenizer(self._model)
         self.info = runtime.model_info(self._model, path.stem, self.tokenizer.n_vocab)
         self._batch = TokenBatch(max_batch_tokens)
-        memory = ContextMemory(self._ctx)
+        self._memory = memory = ContextMemory(self._ctx)
         self.residency: PrefixResidency = (
             SplitResidency(memory, max_seqs, block_size) if plan.layout == "split"
             else UnifiedResidency(memory, max_seqs, block_size, scratch=plan.scratch_seq))
+        # repacked weights prefill slower than plain ones: large chunks go to a plain copy
+        # (backends/llamacpp/plain_prefill.py); split layout only, where a slot is a stream
+        self.plain_prefill: PlainPrefill | None = None
+        if plan.layout == "split" and set(self.weight_buffers) - set(PLAIN_BUFFERS):
+            try:
+                self.plain_prefill = PlainPrefill(
+                    path, plan.n_seq_max, plan.max_seq_tokens, self.n_threads,
+                    _FLASH_ATTN[flash_attn], max_batch_tokens)
+            except ValueError:
+                self.close()
+                raise
 
     def execute(self, items: list[BatchItem]) -> np.ndarray:
-        self._batch.fill(items, slot_order=self.kv_layout == "split")
         self.residency.before_compute()
+        plain = self.plain_prefill
+        if plain is not None and any(_plain_prefill_chunk(i) for i in items):
+            return self._execute_with_plain_prefill(items, plain)
+        self._batch.fill(items, slot_order=self.kv_layout == "split")
         for item in items:
+            if plain is not None:
+                plain.forget(item.slot)
             self.residency.note_computed(item.slot, item.block_table,
                                          item.start_pos + len(item.tokens))
         rc = L.llama_decode(self._ctx, self._batch.batch)
@@ -152,16 +176,63 @@ class LlamaCppRunner:
             raise RuntimeError(f"llama_decode failed with code {rc}")
         return self._batch.logits(self._ctx, self.info.n_vocab)
 
+    def _execute_with_plain_prefill(self, items: list[BatchItem], plain: PlainPrefill
+                                    ) -> np.ndarray:
+        """`execute` with prefill chunks of `PLAIN_PREFILL_MIN_TOKENS` or more computed on
+        the plain weights, and the rest (decodes, drafts, short chunks) in one step here.
+        A prompt's last chunk leaves its last token to this step, as a one-token item: the
+        first output token's logits then come from the same kernels whether the prompt was
+        computed or restored from the prefix cache. Returns a new `[rows, n_vocab]` array
+        in item order."""
+        parts: list[np.ndarray | None] = [None] * len(items)
+        here: list[tuple[int, BatchItem]] = []
+        for k, item in enumerate(items):
+            if _plain_prefill_chunk(item):
+                head = item
+                if item.logits_indices:
+                    head = BatchItem(item.slot, item.tokens[:-1], item.start_pos,
+                                     item.block_table)
+                    here.append((k, BatchItem(item.slot, item.tokens[-1:],
+                                              item.start_pos + len(head.tokens),
+                                              item.block_table, [0])))
+                parts[k] = plain.compute(head, self._memory, self.info.n_kv_heads,
+                                         self.info.head_dim)
+            else:
+                here.append((k, item))
+            self.residency.note_computed(item.slot, item.block_table,
+                                         item.start_pos + len(item.tokens))
+        if here:
+            for _, item in here:
+                plain.forget(item.slot)
+            self._batch.fill([item for _, item in here], slot_order=True)
+            rc = L.llama_decode(self._ctx, self._batch.batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed with code {rc}")
+            logits = self._batch.logits(self._ctx, self.info.n_vocab)
+            row = 0
+            for k, item in here:
+                n = len(item.logits_indices)
+                parts[k] = logits[row:row + n]
+                row += n
+        return np.concatenate(parts, axis=0)
+
+    def _forget(self, slot: int) -> None:
+        if self.plain_prefill is not None:
+            self.plain_prefill.forget(slot)
+
     def share_blocks(self, slot: int, block_ids: list[int]) -> int:
+        self._forget(slot)
         return self.residency.share_blocks(slot, block_ids)
 
     def release(self, slot: int, n_keep_blocks: int) -> None:
+        self._forget(slot)
         self.residency.release(slot, n_keep_blocks)
 
     def evict(self, block_ids: list[int]) -> None:
         self.residency.evict(block_ids)
 
     def truncate(self, slot: int, n_tokens: int) -> None:
+        self._forget(slot)
         self.residency.truncate(slot, n_tokens)
 
     # -- KV transfer (two-box mode): llama.cpp state blobs <-> neutral layout (kv_transfer) --
@@ -210,6 +281,7 @@ class LlamaCppRunner:
         if any(k.shape != want or v.shape != want for k, v in kv):
             raise ValueError(f"K and V must be {want} per layer")
         self._check_cover(block_table, start, n)
+        self._forget(slot)
         mem = L.llama_get_memory(self._ctx)
         if L.llama_memory_seq_pos_max(mem, slot) != start - 1 or (
                 start and L.llama_memory_seq_pos_min(mem, slot) != 0):
@@ -257,6 +329,9 @@ class LlamaCppRunner:
         return self.residency.saved_bytes
 
     def close(self) -> None:
+        if getattr(self, "plain_prefill", None) is not None:
+            self.plain_prefill.close()
+            self.plain_prefill = None
         if getattr(self, "_ctx", None):
             L.llama_free(self._ctx)
             self._ctx = None

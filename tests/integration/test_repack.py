@@ -2,8 +2,7 @@
 one line where it fails, and exact either way.
 
 The embedded model's Q4_1 has no repacked kernels, so these tests run its Q4_0 requantization
-(`repacking_model`), whose matmuls take the repacked GEMM (4 or more rows) and GEMV paths,
-and Qwen2.5-Coder-1.5B Q4_K_M where the store has it.
+(`repacking_model`), whose matmuls take the repacked GEMM (4 or more rows) and GEMV paths.
 """
 
 from __future__ import annotations
@@ -11,8 +10,11 @@ from __future__ import annotations
 import logging
 import sys
 
+import numpy as np
 import pytest
 
+from app.engine.config import EngineConfig, SchedulerConfig
+from app.engine.engine import LLMEngine
 from app.engine.types import SamplingParams
 from app.prompts import chat_prompt_ids
 from backends.llamacpp import repack
@@ -113,31 +115,91 @@ def test_sixteen_concurrent_greedy_equal_each_alone_with_repacked_weights(repack
     assert sum(map(len, together)) > 16 * 40  # real replies, not early stops
 
 
+def test_a_prompt_from_the_prefix_cache_equals_it_computed(repacked_runner):
+    """With prefill on the plain weights, a repeated prompt restored from the prefix cache
+    (all but its last token) gives the tokens it gave computed cold: the last prompt token
+    is computed on the repacked weights either way."""
+    prompts = [edit_prompt(repacked_runner, "Rename the variable subtotal to net in this code."),
+               edit_prompt(repacked_runner, "Add a docstring to this function.")]
+    assert min(map(len, prompts)) >= 32
+    engine = LLMEngine(repacked_runner, EngineConfig(
+        context_length=512, scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512)))
+
+    def run(tag: str) -> list[list[int]]:
+        out: dict[str, list[int]] = {}
+        for i, p in enumerate(prompts):
+            engine.add_request(f"{tag}{i}", p, SamplingParams(temperature=0, max_tokens=64))
+        while engine.has_work():
+            for o in engine.step():
+                out.setdefault(o.request_id, []).extend(o.token_ids)
+        return [out[f"{tag}{i}"] for i in range(len(prompts))]
+
+    before = repacked_runner.plain_prefill.chunks
+    cold = run("cold")
+    chunks = repacked_runner.plain_prefill.chunks
+    warm = run("warm")
+    assert warm == cold
+    assert chunks - before == 2  # one chunk per prompt, its last token excepted
+    assert repacked_runner.plain_prefill.chunks == chunks  # warm: from the prefix cache
+
+
+# -- prefill on the plain weights (backends/llamacpp/plain_prefill.py) ---------------------
+
+
 @pytest.fixture(scope="module")
-def repacked_qwen():
-    """Qwen2.5-Coder-1.5B Q4_K_M (the model the peer benchmark runs; skips when it is not in
-    the store), repacked."""
-    from tests.conftest import store_model
-
-    r = LlamaCppRunner(store_model("qwen2.5-coder-1.5b-instruct"), max_seqs=4, seq_tokens=512,
-                       kv_layout="split", n_threads=2, flash_attn="on", repack="on")
-    assert "CPU_REPACK" in r.weight_buffers
-    yield r
-    r.close()
+def repacked_and_plain(repacking_model):
+    """The Q4_0 model twice: repacked (with its plain prefill path) and plain."""
+    runners = [LlamaCppRunner(repacking_model, max_seqs=2, seq_tokens=1024, kv_layout="split",
+                              n_threads=2, flash_attn="on", repack=mode)
+               for mode in ("on", "off")]
+    yield runners
+    for r in runners:
+        r.close()
 
 
-@pytest.mark.parametrize("spec", ["auto", "fixed:3"])
-def test_speculation_on_equals_off_with_repacked_weights(repacked_qwen, spec):
-    """Verify steps of 2-4 rows against one-row steps: the same tokens over 3 x 160. (Not on
-    `repacking_model`: its Q4_0 kernels give verify steps other logits with repacking on and
-    off alike, the exactness issue's to fix; Qwen's Q4_K ones agree when repacked.)"""
-    prompts = [edit_prompt(repacked_qwen, "Rename the variable subtotal to net in this code."),
-               edit_prompt(repacked_qwen, "Add a docstring to this function."),
-               edit_prompt(repacked_qwen, "Rewrite this function with sum().")]
-    params = [SamplingParams(temperature=0, max_tokens=160)] * 3
-    plain, finish_plain, _ = generate(repacked_qwen, prompts, params, None)
-    spec_out, finish_spec, stats = generate(repacked_qwen, prompts, params, spec)
-    assert spec_out == plain
-    assert finish_spec == finish_plain
-    assert [len(t) for t in plain] == [91, 121, 52]
-    assert stats["draft_tokens"] > 0 and stats["accepted_tokens"] > 0
+def _item(slot, tokens, start, logits=True):
+    from backends.base import BatchItem
+
+    return BatchItem(slot, tokens, start, list(range(start + len(tokens))),
+                     [len(tokens) - 1] if logits else [])
+
+
+def _same_kv(runners, slot, n):
+    kv_on, kv_off = (r.export_kv(slot, list(range(n)), 0, n) for r in runners)
+    for (k1, v1), (k2, v2) in zip(kv_on, kv_off, strict=True):
+        np.testing.assert_array_equal(k1, k2)
+        np.testing.assert_array_equal(v1, v2)
+
+
+def test_large_prefill_chunks_run_on_the_plain_weights(repacked_and_plain):
+    """A repacked runner computes chunks of 32+ tokens on the plain weights (the same KV in
+    the slot as a runner that never repacked), except a prompt's last token, which it
+    computes on the repacked weights like a decode."""
+    on, off = repacked_and_plain
+    assert on.plain_prefill is not None and off.plain_prefill is None
+    text = " ".join(f"{t} is a word about {t}." for t in TOPICS) * 3
+    prompt = on.tokenizer.encode(text)[:300]
+    for r in (on, off):
+        r.release(0, 0)
+        r.release(1, 0)
+    # a middle chunk, then the last one, which continues in the plain context
+    for r in (on, off):
+        assert r.execute([_item(0, prompt[:200], 0, logits=False)]).shape == (0, r.info.n_vocab)
+    last = [r.execute([_item(0, prompt[200:], 200)]) for r in (on, off)]
+    assert on.plain_prefill.chunks == 2
+    _same_kv((on, off), 0, 299)
+    assert not np.array_equal(last[0], last[1])  # position 299: repacked against plain
+    # the last token alone on the repacked weights gives the same logits: as after a
+    # prefix-cache hit that leaves one token to compute
+    on.truncate(0, 299)
+    again = on.execute([_item(0, prompt[299:], 299)])
+    np.testing.assert_array_equal(again, last[0])
+    # one step: slot 1's prompt on the plain weights beside slot 0's decode
+    nxt = int(last[0][-1].argmax())
+    mixed = [r.execute([_item(0, [nxt], 300), _item(1, prompt[:120], 0)]) for r in (on, off)]
+    assert mixed[0].shape == (2, on.info.n_vocab)
+    assert on.plain_prefill.chunks == 3
+    _same_kv((on, off), 1, 119)
+    # a short chunk stays on the repacked weights
+    on.execute([_item(1, prompt[120:150], 120)])
+    assert on.plain_prefill.chunks == 3
