@@ -9,8 +9,8 @@ split, so a streamed reply and a collected one carry the same arguments.
 Per format (`app.tool_calls.format.CallFormat`):
 - tagged (Qwen2.5 `<tool_call>`): text streams until the trigger (a partial trigger at the
   end is held back); a call's name is sent once it is complete and its arguments as they
-  arrive, up to the end of their JSON object. In "auto", a reply that starts with `{` or a
-  code fence is held to the end and read as calls if it is a JSON object (or list) naming
+  arrive, up to the end of their JSON object. In "auto", a reply that starts with `{`, `[`
+  or a code fence is held to the end and read as calls if it is a JSON object (or list) naming
   known tools with an object of arguments (small coder models write calls that way);
 - json (Llama-3 bare `{"name", "parameters"}`) and generic (`{"tool_calls": [...]}` /
   `{"response": ...}`): the reply is held and parsed when it ends.
@@ -84,7 +84,7 @@ class ToolCallParser:
             lead = self._buf.lstrip()
             if not lead:
                 return []
-            if lead[0] in "{`":
+            if lead[0] in "{[`":
                 self._hold = True
                 return []
         return self._run(final=False)

@@ -179,6 +179,11 @@ def test_auto_reads_bare_or_fenced_json_naming_a_known_tool_as_a_call(reply):
     assert text_of(events) == ""
 
 
+def test_a_reply_starting_with_a_bracket_that_is_no_call_stays_text():
+    events, calls = parse(QWEN, ["[1] see ", "the docs"])
+    assert calls == [] and text_of(events) == "[1] see the docs"
+
+
 def test_json_naming_an_unknown_tool_stays_text():
     reply = '{"name": "sub", "arguments": {"a": 2}}'
     events, calls = parse(QWEN, [reply])
