@@ -10,7 +10,7 @@ KV blocks within one engine step.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -33,6 +33,8 @@ from app.server.errors import (
 )
 from app.server.metrics import ServerMetrics
 from app.server.schemas import SamplingFields
+from app.tool_calls import TextDelta, ToolCall, ToolCallParser
+from app.tool_calls.parser import Event
 from models.registry import GenerationDefaults
 
 T = TypeVar("T")
@@ -43,17 +45,22 @@ OPENAI_DEFAULTS = GenerationDefaults(1.0, source="OpenAI's defaults")
 
 @dataclass
 class Job:
-    """One choice to generate: `index` is its choice index in the response."""
+    """One choice to generate: `index` is its choice index in the response. `tool_parser`
+    makes the choice's `ToolCallParser` (None: the reply is all text)."""
 
     index: int
     prompt_index: int
     prompt_ids: list[int]
     params: SamplingParams
+    tool_parser: Callable[[], ToolCallParser | None] | None = None
 
 
 @dataclass
 class ChoiceState:
-    """Accumulated output of one choice."""
+    """Accumulated output of one choice. With a tool parser, `text_parts` holds only the
+    text outside tool calls, `events` the parser's events of the latest output (each API
+    renders them), `tool_calls` the calls so far; a choice that ends ("stop") with calls
+    has `finish_reason` "tool_calls"."""
 
     job: Job
     text_parts: list[str] = field(default_factory=list)
@@ -61,16 +68,34 @@ class ChoiceState:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     metrics: RequestMetrics | None = None
+    events: list[Event] = field(default_factory=list)
+    parser: ToolCallParser | None = None
+
+    def __post_init__(self) -> None:
+        if self.parser is None and self.job.tool_parser is not None:
+            self.parser = self.job.tool_parser()
 
     def add(self, out: RequestOutput) -> None:
-        if out.text:
-            self.text_parts.append(out.text)
+        if self.parser is None:
+            if out.text:
+                self.text_parts.append(out.text)
+        else:
+            self.events = self.parser.feed(out.text) if out.text else []
+            if out.finished:
+                self.events += self.parser.finish()
+            self.text_parts += [e.text for e in self.events if isinstance(e, TextDelta)]
         self.n_tokens += len(out.token_ids)
         if out.logprobs:
             self.logprobs.extend(out.logprobs)
         if out.finished:
             self.finish_reason = out.finish_reason
+            if self.tool_calls and out.finish_reason == "stop":
+                self.finish_reason = "tool_calls"
             self.metrics = out.metrics
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return self.parser.calls if self.parser is not None else []
 
     @property
     def text(self) -> str:

@@ -98,7 +98,7 @@ async def stream_chunks(
     base: dict[str, Any],
     include_usage: bool,
     opening: Callable[[int, Job], Choice | None],
-    content: Callable[[int, ChoiceState, RequestOutput], Choice | str | None],
+    content: Callable[[int, ChoiceState, RequestOutput], Choice | list[Choice] | str | None],
     last: Callable[[ChoiceState], Choice],
     text_choice: Callable[[int, str], Choice],
 ) -> AsyncIterator[bytes]:
@@ -108,7 +108,7 @@ async def stream_chunks(
     `include_usage`, a chunk with `choices: []` and the usage (earlier chunks carry
     `"usage": null`); an error event if generation fails; finally `[DONE]`.
 
-    `content` may return a string: the choice `text_choice(job index, text)`, the common
+    `content` may return a list of choices (one chunk each), or a string: the choice `text_choice(job index, text)`, the common
     chunk that carries only text, whose bytes come from an `SSETemplate` per choice."""
 
     def wrap(choice: Choice) -> dict[str, Any]:
@@ -145,6 +145,9 @@ async def stream_chunks(
             choice = content(pos, state, out)
             if isinstance(choice, str):
                 yield text_chunk(pos, choice)
+            elif isinstance(choice, list):
+                for c in choice:
+                    yield chunk(c)
             elif choice is not None:
                 yield chunk(choice)
             if out.finished:

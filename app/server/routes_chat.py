@@ -7,8 +7,12 @@ chunk has `"usage": null` and a final chunk with `choices: []` carries the usage
 
 `prediction` (OpenAI's Predicted Outputs) and `speculative` (tandem's opt-out) steer
 speculative decoding only; see `app.server.schemas.SamplingFields`. `response_format`
-constrains the reply (`app.server.response_format`); tool-calling fields, and messages
-carrying `tool_calls`, are a 400 until tools are implemented.
+constrains the reply (`app.server.response_format`). `tools`, `tool_choice` and
+`parallel_tool_calls` (`app.server.tools`) offer functions: the model's template shows them,
+a grammar enforces calls in the model's native format, and the reply's calls are parsed
+once (`app.tool_calls`) into `message.tool_calls` (`finish_reason: "tool_calls"`); streamed,
+each call is a `tool_calls` delta with `index`, `id`, `type` and `function.name` once, then
+`function.arguments` fragments that concatenate to the collected reply's arguments.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import jinja2
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from app.prompts import chat_prompt_ids
+from app.prompts import call_format, chat_prompt_ids
 from app.server.context import Ctx, ServerContext
 from app.server.errors import bad_request
 from app.server.generation import (
@@ -35,7 +39,7 @@ from app.server.generation import (
 )
 from app.server.logprobs import chat_content
 from app.server.prediction import prediction_ids
-from app.server.response_format import refuse_tool_fields, response_grammar
+from app.server.response_format import response_grammar
 from app.server.responses import (
     Choice,
     envelope,
@@ -44,6 +48,17 @@ from app.server.responses import (
     stream_chunks,
 )
 from app.server.schemas import ChatCompletionRequest, ChatMessage
+from app.server.tools import (
+    ToolRequest,
+    compile_tools,
+    history_calls,
+    parse_parallel,
+    parse_tool_choice,
+    parse_tools,
+    prompt_messages,
+    refuse_deprecated,
+)
+from app.tool_calls import CallStart, TextDelta
 from models.chat_template import TemplateRaised
 
 router = APIRouter()
@@ -52,10 +67,6 @@ ROLE_ALIASES = {"developer": "system"}
 
 
 def _message_text(msg: ChatMessage, i: int) -> str:
-    if msg.tool_calls is not None:
-        raise bad_request("'tool_calls' in messages is not supported yet: this server does not "
-                          "call tools.", param=f"messages[{i}].tool_calls",
-                          code="unsupported_parameter")
     content = msg.content
     if content is None:
         return ""
@@ -81,19 +92,41 @@ def _message_text(msg: ChatMessage, i: int) -> str:
     return "\n".join(texts)
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Request messages as the chat template takes them: `[{"role", "content": str}]`.
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Request messages as the chat template takes them: `[{"role", "content": str}]`;
+    an assistant message with `tool_calls` keeps them (arguments as objects; content None
+    when empty), a `tool` message carries `tool_call_id` and the called function's `name`.
 
     Raises APIError 400 for an empty parts array (code `empty_array`), a text part without
-    `text`, and non-text content parts.
+    `text`, non-text content parts, malformed `tool_calls`, and a `tool` message without
+    `tool_call_id`.
     """
-    return [
-        {"role": ROLE_ALIASES.get(m.role, m.role), "content": _message_text(m, i)}
-        for i, m in enumerate(messages)
-    ]
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}  # tool call id -> function name, for tool messages
+    for i, m in enumerate(messages):
+        item: dict[str, Any] = {"role": ROLE_ALIASES.get(m.role, m.role),
+                                "content": _message_text(m, i)}
+        if m.tool_calls is not None:
+            if m.role != "assistant":
+                raise bad_request(f"'messages[{i}].tool_calls' is only allowed on assistant "
+                                  "messages.", param=f"messages[{i}].tool_calls",
+                                  code="invalid_value")
+            item["tool_calls"] = history_calls(m.tool_calls, i)
+            item["content"] = item["content"] or None
+            names.update((c["id"], c["function"]["name"]) for c in item["tool_calls"])
+        if m.role == "tool":
+            if m.tool_call_id is None:
+                where = f"messages[{i}].tool_call_id"
+                raise bad_request(f"Missing required parameter: '{where}'.", param=where,
+                                  code="missing_required_parameter")
+            item["tool_call_id"] = m.tool_call_id
+            item["name"] = m.name or names.get(m.tool_call_id, "")
+        out.append(item)
+    return out
 
 
-def render_prompt(engine: Any, messages: list[dict[str, str]]) -> list[int]:
+def render_prompt(engine: Any, messages: list[dict[str, Any]],
+                  tools: list[dict[str, Any]] | None = None) -> list[int]:
     """Token ids of the templated conversation.
 
     Raises APIError 400 (param "messages") if the template rejects them: when the template
@@ -101,7 +134,7 @@ def render_prompt(engine: Any, messages: list[dict[str, str]]) -> list[int]:
     the 400's message is exactly that message, as vLLM and transformers report it.
     """
     try:
-        return list(chat_prompt_ids(engine.tokenizer, messages))
+        return list(chat_prompt_ids(engine.tokenizer, messages, tools=tools))
     except TemplateRaised as exc:
         raise bad_request(exc.message, "messages") from exc
     except (jinja2.TemplateError, ValueError, TypeError, KeyError) as exc:
@@ -111,8 +144,17 @@ def render_prompt(engine: Any, messages: list[dict[str, str]]) -> list[int]:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Ctx) -> Response:
     model = ctx.resolve_model(body.model)
-    refuse_tool_fields(body)
-    prompt_ids = render_prompt(ctx.engine, template_messages(body.messages))
+    refuse_deprecated(body)
+    tools = parse_tools(body.tools)
+    tool_request = ToolRequest(tools, parse_tool_choice(body.tool_choice, tools),
+                               parse_parallel(body.parallel_tool_calls),
+                               call_format(ctx.engine.tokenizer))
+    if tool_request.choice.mode != "none" and body.response_format is not None:
+        raise bad_request("'response_format' cannot be combined with 'tools' unless "
+                          "'tool_choice' is 'none'.", param="response_format",
+                          code="invalid_value")
+    messages, template_tools = prompt_messages(template_messages(body.messages), tool_request)
+    prompt_ids = render_prompt(ctx.engine, messages, template_tools)
     check_prompt(prompt_ids, ctx.context_length, n_vocab(ctx.engine), "messages")
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true.", "top_logprobs")
@@ -120,6 +162,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     max_tokens = body.max_completion_tokens or body.max_tokens
     prediction = prediction_ids(ctx.engine, body.prediction, ctx.context_length)
     grammar = await response_grammar(ctx.engine, body.response_format)
+    if tool_request.choice.mode != "none":
+        grammar = await compile_tools(ctx.engine, tool_request)
+    parser = tool_request.parser if tools else None
     jobs = [
         Job(
             index=i,
@@ -137,6 +182,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
                 vocab=n_vocab(ctx.engine),
                 grammar=grammar,
             ),
+            tool_parser=parser,
         )
         for i in range(body.n or 1)
     ]
@@ -155,10 +201,17 @@ def _completion(
         logprobs = None
         if top is not None:
             logprobs = {"content": chat_content(s.logprobs, ctx.engine.tokenizer, top)}
+        message: dict[str, Any] = {"role": "assistant", "content": s.text, "refusal": None}
+        if s.tool_calls:
+            message["content"] = s.text or None
+            message["tool_calls"] = [
+                {"id": f"call_{c.uid}", "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}}
+                for c in s.tool_calls]
         choices.append(
             {
                 "index": s.job.index,
-                "message": {"role": "assistant", "content": s.text, "refusal": None},
+                "message": message,
                 "logprobs": logprobs,
                 "finish_reason": s.finish_reason,
             }
@@ -178,7 +231,9 @@ def _chunks(
                lp: Any = None) -> Choice:
         return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
 
-    def content(pos: int, state: ChoiceState, out: Any) -> Choice | str | None:
+    def content(pos: int, state: ChoiceState, out: Any) -> Choice | list[Choice] | str | None:
+        if state.parser is not None:
+            return _tool_deltas(state, out, top, choice, ctx.engine.tokenizer)
         if top is not None and out.logprobs:
             lp = {"content": chat_content(out.logprobs, ctx.engine.tokenizer, top)}
             return choice(state.job.index, {"content": out.text}, lp=lp)
@@ -192,3 +247,32 @@ def _chunks(
         last=lambda state: choice(state.job.index, {}, finish=state.finish_reason),
         text_choice=lambda index, text: choice(index, {"content": text}),
     )
+
+
+def _tool_deltas(state: ChoiceState, out: Any, top: int | None, choice: Any,
+                 tokenizer: Any) -> list[Choice]:
+    """The chunks of one output of a choice that may call tools: content deltas, and per
+    call `{"index", "id", "type", "function": {"name", "arguments": ""}}` once, then
+    `{"index", "function": {"arguments": fragment}}`. Logprobs ride on the first chunk."""
+    index = state.job.index
+    deltas: list[dict[str, Any]] = []
+    for e in state.events:
+        if isinstance(e, TextDelta):
+            deltas.append({"content": e.text})
+        elif isinstance(e, CallStart):
+            deltas.append({"tool_calls": [{"index": e.index, "id": f"call_{e.uid}",
+                                           "type": "function",
+                                           "function": {"name": e.name, "arguments": ""}}]})
+        else:
+            deltas.append({"tool_calls": [{"index": e.index,
+                                           "function": {"arguments": e.fragment}}]})
+    lp = None
+    if top is not None and out.logprobs:
+        lp = {"content": chat_content(out.logprobs, tokenizer, top)}
+    chunks = [choice(index, d) for d in deltas]
+    if lp is not None:
+        if chunks:
+            chunks[0]["logprobs"] = lp
+        else:
+            chunks.append(choice(index, {}, lp=lp))
+    return chunks

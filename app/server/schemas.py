@@ -95,7 +95,8 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]  # OpenAI's roles
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: Any = None  # refused (400) until tools are implemented
+    tool_calls: Any = None  # an assistant's calls; checked by app.server.tools
+    tool_call_id: str | None = None  # a tool message's answer to this call
 
 
 class SamplingFields(_Body):
@@ -118,8 +119,8 @@ class SamplingFields(_Body):
 
     `response_format` is OpenAI's structured outputs (`text`, `json_object`, `json_schema`),
     enforced by the engine's grammar masks; see `app.server.response_format`. `tools`,
-    `tool_choice`, `parallel_tool_calls`, `functions` and `function_call` are refused (400)
-    until tool calling is implemented.
+    `tool_choice` and `parallel_tool_calls` are served on chat (`app.server.tools`) and
+    refused on legacy completions; `functions` and `function_call` are refused (400).
     """
 
     model: str | None = None
@@ -142,7 +143,7 @@ class SamplingFields(_Body):
     prediction: Any = None  # checked by app.server.prediction, for OpenAI's error wording
     speculative: bool | None = None
     response_format: Any = None  # checked by app.server.response_format
-    # tool calling: refused with a 400 naming the field (app.server.response_format)
+    # tool calling: checked by app.server.tools (chat) or refused (completions)
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None

@@ -247,16 +247,12 @@ REFUSALS = [
                    "Resource 'https://example.com/s.json' is not present in a registry and "
                    "retrieving it failed: Default retriever does not fetch resources.",
         "param": "response_format", "code": "invalid_json_schema"}),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, {
-        "message": "'tools' is not supported yet: this server does not call tools.",
-        "param": "tools", "code": "unsupported_parameter"}),
-    ({"tool_choice": "required"}, {
-        "message": "'tool_choice' is not supported yet: this server does not call tools.",
-        "param": "tool_choice", "code": "unsupported_parameter"}),
-    ({"parallel_tool_calls": False}, {
-        "message": "'parallel_tool_calls' is not supported yet: this server does not call "
-                   "tools.",
-        "param": "parallel_tool_calls", "code": "unsupported_parameter"}),
+    ({"functions": [{"name": "f"}]}, {
+        "message": "'functions' is not supported: use 'tools' and 'tool_choice'.",
+        "param": "functions", "code": "unsupported_parameter"}),
+    ({"function_call": "auto"}, {
+        "message": "'function_call' is not supported: use 'tools' and 'tool_choice'.",
+        "param": "function_call", "code": "unsupported_parameter"}),
 ]
 
 
@@ -281,18 +277,6 @@ def test_completions_refuse_a_bad_schema_and_the_server_keeps_serving(server: Se
         "code": "invalid_json_schema"}}
     ok = _post(server, "/v1/completions", {"prompt": "x", "max_tokens": 4, "temperature": 0})
     assert ok.status_code == 200 and ok.json()["choices"][0]["text"]
-
-
-def test_a_message_with_tool_calls_is_refused(server: Server) -> None:
-    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
-    r = _post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 8})
-    assert r.status_code == 400
-    assert r.json() == {"error": {
-        "message": "'tool_calls' in messages is not supported yet: this server does not call "
-                   "tools.",
-        "type": "invalid_request_error", "param": "messages[1].tool_calls",
-        "code": "unsupported_parameter"}}
 
 
 def test_the_client_raises_bad_request_for_an_invalid_schema(server: Server,

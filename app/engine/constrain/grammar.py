@@ -137,12 +137,29 @@ class GrammarCompiler:
                 return hit
         schema = JSON_OBJECT_SCHEMA if fmt.kind == "json_object" else fmt.schema
         check_schema(schema)
+        return self._build_cached(key, fmt, _build, schema)
+
+    def compile_lark(self, text: str, label: str = "grammar") -> CompiledGrammar:
+        """A grammar in llguidance's Lark dialect (e.g. tool calls: `%json` schemas between
+        literal markers), from the cache or built now (blocking). `label` names it in
+        `CompiledGrammar.format`. Raises GrammarError as `compile`."""
+        key = "lark:" + text
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                self.cache_hits += 1
+                return hit
+        return self._build_cached(key, ResponseFormat("lark", name=label), _build_lark, text)
+
+    def _build_cached(self, key: str, fmt: ResponseFormat, build: Any,
+                      source: Any) -> CompiledGrammar:
         lltok = self.lltokenizer
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(2, thread_name_prefix="tandem-grammar")
             pool = self._pool
-        future = pool.submit(_build, lltok, schema)
+        future = pool.submit(build, lltok, source)
         try:
             template, seconds = future.result(timeout=self.timeout_s)
         except FutureTimeout:
@@ -173,21 +190,35 @@ def check_schema(schema: Any) -> None:
 
 def _build(lltok: llguidance.LLTokenizer,
            schema: dict[str, Any]) -> tuple[llguidance.LLMatcher, float]:
-    """Build the template matcher (llguidance releases the GIL meanwhile). Raises
-    GrammarError with llguidance's reason."""
-    import time
-
-    t0 = time.perf_counter()
+    """Build the template matcher of a JSON schema (llguidance releases the GIL
+    meanwhile). Raises GrammarError with llguidance's reason."""
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_JSON_OPTIONS)
     except ValueError as exc:
         raise GrammarError(f"the schema cannot be compiled: {exc}") from None
+    return _matcher(lltok, grammar, "the schema")
+
+
+def _build_lark(lltok: llguidance.LLTokenizer, text: str) -> tuple[llguidance.LLMatcher, float]:
+    """Build the template matcher of a Lark grammar. Raises GrammarError."""
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_lark(text)
+    except ValueError as exc:
+        raise GrammarError(f"the grammar cannot be compiled: {exc}") from None
+    return _matcher(lltok, grammar, "the grammar")
+
+
+def _matcher(lltok: llguidance.LLTokenizer, grammar: str,
+             what: str) -> tuple[llguidance.LLMatcher, float]:
+    import time
+
+    t0 = time.perf_counter()
     limits = llguidance.LLParserLimits(**PARSER_LIMITS)
     matcher = llguidance.LLMatcher(lltok, grammar, log_level=0, limits=limits)
     if matcher.is_error():
         reason = matcher.get_error()
         code = "grammar_too_complex" if _is_limit(reason) else "invalid_json_schema"
-        raise GrammarError(f"the schema is not supported: {reason}", code)
+        raise GrammarError(f"{what} is not supported: {reason}", code)
     return matcher, time.perf_counter() - t0
 
 
