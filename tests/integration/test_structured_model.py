@@ -124,43 +124,49 @@ def test_same_tokens_with_speculation_on_and_off(runner, grammar, sampling):
         jsonschema.validate(json.loads(text), ORDER)
 
 
+def steep_run(runner, prompts, params, forced: bool):
+    """(tokens per prompt, per request (forced drafts, of those accepted, all drafts),
+    speculator stats) on the STEEP curve in auto mode."""
+    config = EngineConfig(context_length=1024, scheduler=SchedulerConfig(
+        max_num_seqs=4, max_num_batched_tokens=512))
+    speculator = Speculator(SpecConfig(mode="auto", forced_drafts=forced), STEEP, 1024)
+    engine = LLMEngine(runner, config, speculator=speculator)
+    reqs = [engine.add_request(str(i), p, sp)
+            for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+    tokens = {str(i): [] for i in range(len(prompts))}
+    while engine.has_work():
+        for o in engine.step():
+            tokens[o.request_id] += o.token_ids
+    counts = [(r.metrics.num_forced_draft_tokens, r.metrics.num_accepted_forced_tokens,
+               r.metrics.num_draft_tokens) for r in reqs]
+    return [tokens[str(i)] for i in range(len(prompts))], counts, speculator.stats.snapshot()
+
+
 @pytest.mark.parametrize("sampling", [
     dict(temperature=0.0),
     dict(temperature=0.8, top_p=0.95, seed=11),
 ])
 def test_forced_drafts_pay_on_the_steep_curve_and_change_no_token(runner, grammar, sampling):
-    # on this CPU's curve the controller drafts only what the grammar forces (the keys
+    # on this CPU's curve the controller drafts mostly what the grammar forces (the keys
     # and punctuation of ORDER); the target accepts them and the output is unchanged
     prompts = [prompt(runner, "Make up an order for two books."),
                prompt(runner, "Make up an order for a lamp.")]
     params = [SamplingParams(max_tokens=120, grammar=grammar, **sampling)] * 2
     plain, plain_tokens, _, _ = generate(runner, prompts, params, None)
-    config = EngineConfig(context_length=1024, scheduler=SchedulerConfig(
-        max_num_seqs=4, max_num_batched_tokens=512))
-    speculator = Speculator(SpecConfig(mode="auto"), STEEP, 1024)
-    engine = LLMEngine(runner, config, speculator=speculator)
-    reqs = [engine.add_request(str(i), p, sp)
-            for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
-    tokens = {"0": [], "1": []}
-    while engine.has_work():
-        for o in engine.step():
-            tokens[o.request_id] += o.token_ids
-    assert [tokens["0"], tokens["1"]] == plain_tokens
-    got = [(r.metrics.num_forced_draft_tokens, r.metrics.num_accepted_forced_tokens,
-            r.metrics.num_draft_tokens) for r in reqs]
+    tokens, got, stats = steep_run(runner, prompts, params, forced=True)
+    assert tokens == plain_tokens
     assert got == EXPECTED_FORCED[sampling["temperature"]]
-    stats = speculator.stats.snapshot()
     assert stats["forced_draft_tokens"] == sum(g[0] for g in got)
     assert stats["forced_accepted_tokens"] == sum(g[1] for g in got)
-    # without forced drafts the same curve drafts nothing at all
-    _, off_tokens, _, drafted = generate(runner, prompts, params, "auto", STEEP, forced=False)
-    assert off_tokens == plain_tokens and drafted == [0, 0]
+    # without forced drafts: the same tokens, no forced draft (two sequences flatten the
+    # curve enough for a few n-gram drafts)
+    tokens, got, stats = steep_run(runner, prompts, params, forced=False)
+    assert tokens == plain_tokens
+    assert [g[:2] for g in got] == [(0, 0), (0, 0)] and stats["forced_draft_tokens"] == 0
     for text in plain:
         jsonschema.validate(json.loads(text), ORDER)
 
 
-# per request (forced draft tokens, of those accepted, all draft tokens): every forced
-# draft is accepted; the few other drafts are n-gram tokens after forced ones
 EXPECTED_FORCED = {0.0: [(44, 44, 45), (45, 45, 61)], 0.8: [(47, 47, 54), (35, 35, 40)]}
 
 
