@@ -28,8 +28,10 @@ from backends.llamacpp.memory import ContextMemory
 
 # Chunks of at least this many tokens go to the plain weights: plain prefill runs at 0.86x
 # the repacked one's speed at 16 tokens, 1.09x at 32, 1.34x at 64 (app.bench.repack,
-# Qwen2.5-Coder-1.5B Q4_K_M, README).
-PLAIN_PREFILL_MIN_TOKENS = 32
+# Qwen2.5-Coder-1.5B Q4_K_M, README). Not 32: the kernels a prompt token gets then depend on
+# how the prompt was chunked, and at 32, 16 concurrent ~40-token prompts no longer gave
+# each one's tokens alone (SmolLM2 Q4_0; README, "Repacked weights").
+PLAIN_PREFILL_MIN_TOKENS = 64
 
 
 class PlainPrefill:
