@@ -115,10 +115,21 @@ def test_sixteen_concurrent_greedy_equal_each_alone_with_repacked_weights(repack
     assert sum(map(len, together)) > 16 * 40  # real replies, not early stops
 
 
-def test_a_prompt_from_the_prefix_cache_equals_it_computed(repacked_runner):
+def test_a_prompt_from_the_prefix_cache_equals_it_computed(repacking_model):
     """With prefill on the plain weights, a repeated prompt restored from the prefix cache
     (all but its last token) gives the tokens it gave computed cold: the last prompt token
-    is computed on the repacked weights either way."""
+    is computed on the repacked weights either way. A runner of its own: saved prefixes
+    are keyed by the block ids of the engine that made them."""
+    repacked_runner = LlamaCppRunner(repacking_model, max_seqs=4, seq_tokens=512,
+                                     kv_layout="split", n_threads=2, flash_attn="on",
+                                     repack="on")
+    try:
+        _cache_hit_equals_cold(repacked_runner)
+    finally:
+        repacked_runner.close()
+
+
+def _cache_hit_equals_cold(repacked_runner) -> None:
     prompts = [edit_prompt(repacked_runner, "Rename the variable subtotal to net in this code."),
                edit_prompt(repacked_runner, "Add a docstring to this function.")]
     assert min(map(len, prompts)) >= 32
