@@ -129,12 +129,8 @@ class GrammarCompiler:
         if fmt.kind not in ("json_object", "json_schema"):
             raise ValueError(f"response format kind {fmt.kind!r} has no grammar")
         key = fmt.kind + ":" + fmt.schema_text()
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                self.cache_hits += 1
-                return hit
+        if (hit := self._cached(key)) is not None:
+            return hit
         schema = JSON_OBJECT_SCHEMA if fmt.kind == "json_object" else fmt.schema
         check_schema(schema)
         return self._build_cached(key, fmt, _build, schema)
@@ -144,13 +140,18 @@ class GrammarCompiler:
         literal markers), from the cache or built now (blocking). `label` names it in
         `CompiledGrammar.format`. Raises GrammarError as `compile`."""
         key = "lark:" + text
+        if (hit := self._cached(key)) is not None:
+            return hit
+        return self._build_cached(key, ResponseFormat("lark", name=label), _build_lark, text)
+
+    def _cached(self, key: str) -> CompiledGrammar | None:
+        """The cached grammar of `key` (now the most recently used), or None."""
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 self.cache_hits += 1
-                return hit
-        return self._build_cached(key, ResponseFormat("lark", name=label), _build_lark, text)
+            return hit
 
     def _build_cached(self, key: str, fmt: ResponseFormat, build: Any,
                       source: Any) -> CompiledGrammar:
