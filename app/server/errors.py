@@ -1,4 +1,11 @@
-"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the right status.
+"""Errors with the right status, in the shape of the API the request spoke.
+
+Every route raises `APIError` (OpenAI's fields); `error_response(path, exc)` renders it in
+the shape of the API that owns `path`:
+- OpenAI (default): `{"error": {"message", "type", "param", "code"}}`;
+- Anthropic (`/v1/messages...`): `{"type": "error", "error": {"type", "message"}}`, the
+  type from the status (`ANTHROPIC_TYPES`, Anthropic's documented error types);
+- Ollama (`/api/...`): `{"error": "message"}`.
 
 Every failure the server reports goes through here, so clients (the official `openai`
 package, which retries on 5xx) see 400 for their own mistakes — including FastAPI's request
@@ -61,11 +68,37 @@ class APIError(Exception):
         self.code = code
         self.headers = headers
 
-    def body(self) -> dict[str, Any]:
+    def body(self, path: str = "") -> dict[str, Any]:
+        """The error body in the shape of the API serving `path` (see the module docstring)."""
+        shape = api_shape(path)
+        if shape == "anthropic":
+            kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500
+                                       else "invalid_request_error")
+            return {"type": "error", "error": {"type": kind, "message": self.message}}
+        if shape == "ollama":
+            return {"error": self.message}
         return error_body(self.message, self.type, self.param, self.code)
 
-    def response(self) -> JSONResponse:
-        return ErrorResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self, path: str = "") -> JSONResponse:
+        return ErrorResponse(self.body(path), status_code=self.status, headers=self.headers)
+
+
+ANTHROPIC_PREFIX = "/v1/messages"
+OLLAMA_PREFIX = "/api/"
+# docs.anthropic.com/en/api/errors: HTTP status -> error.type
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 408: "timeout_error",
+                   413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                   503: "overloaded_error", 529: "overloaded_error"}
+
+
+def api_shape(path: str) -> str:
+    """"anthropic", "ollama" or "openai": whose error shape a request to `path` gets."""
+    if path.startswith(ANTHROPIC_PREFIX):
+        return "anthropic"
+    if path.startswith(OLLAMA_PREFIX):
+        return "ollama"
+    return "openai"
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -156,13 +189,13 @@ def validation_error(errors: list[dict[str, Any]], content_type: str = "") -> AP
 
 async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return exc.response()
+    return exc.response(request.url.path)
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     return validation_error(list(exc.errors()),
-                            request.headers.get("content-type", "")).response()
+                            request.headers.get("content-type", "")).response(request.url.path)
 
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -177,20 +210,18 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     else:
         message = str(exc.detail)
     kind = INVALID_REQUEST if exc.status_code < 500 else SERVER_ERROR
-    return ErrorResponse(error_body(message, kind), status_code=exc.status_code,
-                         headers=headers or None)
+    return APIError(exc.status_code, message, kind,
+                    headers=headers or None).response(request.url.path)
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return ErrorResponse(
-        error_body(f"Internal server error: {type(exc).__name__}: {exc}", SERVER_ERROR),
-        status_code=500,
-    )
+    return APIError(500, f"Internal server error: {type(exc).__name__}: {exc}",
+                    SERVER_ERROR).response(request.url.path)
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Register the handlers that give every error response OpenAI's shape."""
+    """Register the handlers that give every error response its API's shape."""
     app.add_exception_handler(APIError, _on_api_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)

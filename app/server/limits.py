@@ -7,7 +7,7 @@
 - Slow bodies: a request whose next body chunk does not arrive within `BODY_TIMEOUT_S`
   seconds gets 408 and the connection is closed (nginx's `client_body_timeout`, a timeout
   between two reads, not for the whole body).
-Both are `RequestLimitsMiddleware`, pure ASGI; the 413/408 bodies are OpenAI's error shape.
+Both are `RequestLimitsMiddleware`, pure ASGI; the 413/408 bodies are in the shape of the path's API (`app.server.errors`).
 - Slow or endless headers: a connection that has not delivered a request's complete headers
   within `HEADER_TIMEOUT_S` seconds of connecting (or of its first byte after a response) is
   closed (nginx's `client_header_timeout`), and headers still incomplete after
@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.server.errors import ErrorResponse, error_body
+from app.server.errors import APIError
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 BODY_TIMEOUT_S = 30.0
@@ -86,8 +86,8 @@ class RequestLimitsMiddleware:
         declared = _content_length(scope)
         if declared is not None and declared > self.max_body_bytes:
             exc = BodyTooLarge(self.max_body_bytes)
-            await ErrorResponse(error_body(exc.detail), status_code=413,
-                                headers=exc.headers)(scope, receive, send)
+            await APIError(413, exc.detail, headers=exc.headers).response(
+                scope["path"])(scope, receive, send)
             return
         body_done = False
         received = 0

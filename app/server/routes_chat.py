@@ -20,26 +20,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import jinja2
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from app.prompts import call_format, chat_prompt_ids
+from app.server.chat_core import ChatInput, prepare_chat_jobs
 from app.server.context import Ctx, ServerContext
 from app.server.errors import bad_request
 from app.server.generation import (
     ChoiceState,
     Job,
-    check_prompt,
-    choice_seed,
-    n_vocab,
-    sampling_params,
     submit_jobs,
     usage,
 )
 from app.server.logprobs import chat_content
-from app.server.prediction import prediction_ids
-from app.server.response_format import response_grammar
 from app.server.responses import (
     Choice,
     envelope,
@@ -49,17 +42,13 @@ from app.server.responses import (
 )
 from app.server.schemas import ChatCompletionRequest, ChatMessage
 from app.server.tools import (
-    ToolRequest,
-    compile_tools,
     history_calls,
     parse_parallel,
     parse_tool_choice,
     parse_tools,
-    prompt_messages,
     refuse_deprecated,
 )
 from app.tool_calls import CallStart, TextDelta
-from models.chat_template import TemplateRaised
 
 router = APIRouter()
 
@@ -125,67 +114,20 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def render_prompt(engine: Any, messages: list[dict[str, Any]],
-                  tools: list[dict[str, Any]] | None = None) -> list[int]:
-    """Token ids of the templated conversation.
-
-    Raises APIError 400 (param "messages") if the template rejects them: when the template
-    called `raise_exception(message)` (e.g. roles out of the order the model was trained on)
-    the 400's message is exactly that message, as vLLM and transformers report it.
-    """
-    try:
-        return list(chat_prompt_ids(engine.tokenizer, messages, tools=tools))
-    except TemplateRaised as exc:
-        raise bad_request(exc.message, "messages") from exc
-    except (jinja2.TemplateError, ValueError, TypeError, KeyError) as exc:
-        raise bad_request(f"The chat template rejected the messages: {exc}", "messages") from exc
-
-
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Ctx) -> Response:
     model = ctx.resolve_model(body.model)
     refuse_deprecated(body)
     tools = parse_tools(body.tools)
-    tool_request = ToolRequest(tools, parse_tool_choice(body.tool_choice, tools),
-                               parse_parallel(body.parallel_tool_calls),
-                               call_format(ctx.engine.tokenizer))
-    if tool_request.choice.mode != "none" and body.response_format is not None:
-        raise bad_request("'response_format' cannot be combined with 'tools' unless "
-                          "'tool_choice' is 'none'.", param="response_format",
-                          code="invalid_value")
-    messages, template_tools = prompt_messages(template_messages(body.messages), tool_request)
-    prompt_ids = render_prompt(ctx.engine, messages, template_tools)
-    check_prompt(prompt_ids, ctx.context_length, n_vocab(ctx.engine), "messages")
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true.", "top_logprobs")
     top = (body.top_logprobs or 0) if body.logprobs else None
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    prediction = prediction_ids(ctx.engine, body.prediction, ctx.context_length)
-    grammar = await response_grammar(ctx.engine, body.response_format)
-    if tool_request.choice.mode != "none":
-        grammar = await compile_tools(ctx.engine, tool_request)
-    parser = tool_request.parser if tools else None
-    jobs = [
-        Job(
-            index=i,
-            prompt_index=0,
-            prompt_ids=prompt_ids,
-            params=sampling_params(
-                body,
-                max_tokens=max_tokens,
-                prompt_len=len(prompt_ids),
-                context_length=ctx.context_length,
-                seed=choice_seed(body.seed, i),
-                logprobs=top,
-                prediction=prediction,
-                defaults=ctx.defaults,
-                vocab=n_vocab(ctx.engine),
-                grammar=grammar,
-            ),
-            tool_parser=parser,
-        )
-        for i in range(body.n or 1)
-    ]
+    jobs = await prepare_chat_jobs(ctx, ChatInput(
+        messages=template_messages(body.messages), sampling=body,
+        max_tokens=body.max_completion_tokens or body.max_tokens, tools=tools,
+        tool_choice=parse_tool_choice(body.tool_choice, tools),
+        parallel_tool_calls=parse_parallel(body.parallel_tool_calls),
+        response_format=body.response_format, n=body.n or 1, logprobs=top))
     head = response_head(ctx, "chatcmpl", model)
     streams = submit_jobs(ctx.engine, jobs, head["id"], "messages")
     events = _chunks(ctx, streams, jobs, head, body.include_usage, top) if body.stream else None
