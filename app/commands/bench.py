@@ -13,7 +13,11 @@ from app.commands.engine_flags import non_negative_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmark the engine (in-process, or a server with --url)")
+    p = sub.add_parser(
+        "bench", help="benchmark the engine (in-process, or a server with --url)",
+        description="Measure throughput, TTFT and TPOT at each concurrency level (requests in "
+        "flight), in-process on the loaded model or against a running server (--url). Prints "
+        "one JSON object per cell; --workload picks the prompts.")
     add_model_args(p)
     p.add_argument("--concurrency", default="1,4,16", metavar="N,N,...",
                    help="comma-separated concurrency levels, requests in flight (default: "

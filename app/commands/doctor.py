@@ -18,8 +18,11 @@ from typing import Any
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("doctor", help="show hardware, installed backends and the "
-                                                  "backend that would run")
+    parser = subparsers.add_parser(
+        "doctor", help="show hardware, installed backends and the backend that would run",
+        description="Show this machine's CPU, memory and accelerators, the installed backends "
+        "and their builds, and which backend a model would run on and why; with --model, the "
+        "model's repacked-weights verdict and weight buffers.")
     parser.add_argument("--backend", choices=["llamacpp", "mlx"], default=None,
                         help="check this backend instead of the automatic choice (default: automatic)")
     parser.add_argument("--model", default=None, metavar="NAME_OR_PATH",

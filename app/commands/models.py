@@ -7,7 +7,11 @@ import sys
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("models", help="list, download and locate known models")
+    parser = subparsers.add_parser(
+        "models", help="list, download and locate known models",
+        description="The model registry: list the known models with their size and whether "
+        "they are downloaded, pull (download and verify) one, print a downloaded model's path, "
+        "or convert a GGUF model for the MLX backend.")
     actions = parser.add_subparsers(dest="models_command", required=True, metavar="ACTION")
 
     actions.add_parser("list", help="known models, their size and whether they are downloaded")

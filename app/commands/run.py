@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
+import time
 
 from app.commands.common import add_model_args, fail, load_engine, user_errors
 from app.commands.peer_flags import add_peer_args
@@ -102,6 +104,7 @@ def main(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, prompt: str, fmt=None) -> int:
     from app.engine import SamplingParams
     from app.engine.constrain import GrammarError
+    from app.progress import PrefillBar
     from app.prompts import chat_prompt_ids, raw_prompt_ids
 
     params = SamplingParams(  # flags given, else the model's recommended settings
@@ -122,9 +125,15 @@ async def _run(args: argparse.Namespace, prompt: str, fmt=None) -> int:
             messages.append({"role": "user", "content": prompt})
             prompt_ids = chat_prompt_ids(engine.tokenizer, messages)
         out = None
+        last = "\n"
+        shown_tokens, last_token_time = 0, None
+        bar = PrefillBar(engine, "run")  # on stderr, when it is a terminal
+        bar.start()
         try:
-            last = "\n"
-            async for out in engine.generate(prompt_ids, params):
+            async for out in engine.generate(prompt_ids, params, request_id="run"):
+                await bar.stop()
+                shown_tokens += len(out.token_ids)
+                last_token_time = time.perf_counter()
                 if out.text:
                     sys.stdout.write(out.text)
                     sys.stdout.flush()
@@ -135,6 +144,17 @@ async def _run(args: argparse.Namespace, prompt: str, fmt=None) -> int:
         except BrokenPipeError:  # `| head`: the reader is gone; stop quietly, like Unix tools
             _silence_stdout()
             return 0
+        except asyncio.CancelledError:  # Ctrl+C: end the reply's line, say what was done
+            await bar.stop()
+            if last != "\n":
+                sys.stdout.write("\n")
+            sys.stdout.flush()
+            if out is not None and out.metrics is not None:
+                # the decode rate up to the last token shown (the request has no end time)
+                m = dataclasses.replace(out.metrics, finish_time=last_token_time,
+                                        completion_tokens=shown_tokens)
+                print(_summary(m, "interrupted"), file=sys.stderr)
+            raise
         if out is not None and out.metrics is not None:
             print(_summary(out.metrics, finish_label(out, engine.context_length)),
                   file=sys.stderr)

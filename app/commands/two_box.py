@@ -20,7 +20,10 @@ EXO_OUTPUT_TOKENS = 32  # inferred, not published by EXO: see devices.toml
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("two-box", help="plan prefill on one box, decode on another")
+    parser = subparsers.add_parser(
+        "two-box", help="plan prefill on one box, decode on another",
+        description="Two-box mode tools: `plan` predicts, for a workload, each box alone and "
+        "the split (one box prefills and streams the KV cache, the other decodes).")
     actions = parser.add_subparsers(dest="two_box_command", required=True, metavar="ACTION")
     plan = actions.add_parser(
         "plan", help="predict TTFT and total time for each box alone and for the split",

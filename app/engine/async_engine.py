@@ -21,9 +21,11 @@ import time
 from collections.abc import AsyncIterator
 
 from app.engine.engine import LLMEngine
+from app.engine.request import RequestStatus
 from app.engine.types import (
     EngineOverloadedError,
     EngineStats,
+    PrefillProgress,
     RequestOutput,
     SamplingParams,
 )
@@ -158,6 +160,18 @@ class AsyncEngine:
 
     def cancel(self, request_id: str) -> None:
         self._abort(request_id)
+
+    def prefill_progress(self, request_id: str) -> PrefillProgress | None:
+        """How far a request's prompt is computed, or None once it has no prompt left to
+        compute (first token out, finished, or unknown). Thread-safe: it reads counters the
+        step thread writes, so a value may be one step old."""
+        r = self.engine.requests.get(request_id)
+        if r is None or r.num_output_tokens or r.finished:
+            return None
+        total = r.num_prompt_tokens
+        return PrefillProgress(min(r.num_computed_tokens, total), total,
+                               r.metrics.cached_tokens,
+                               r.status is RequestStatus.REMOTE_PREFILL)
 
     def _abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))

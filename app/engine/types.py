@@ -194,6 +194,18 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillProgress:
+    """A prompt being computed: `computed` of `total` prompt tokens have KV (the first
+    `cached` of them came from the prefix cache); `remote`: a prefill peer is computing it
+    and its KV arrives in chunks (two-box mode)."""
+
+    computed: int
+    total: int
+    cached: int = 0
+    remote: bool = False
+
+
 @dataclass(slots=True)
 class EngineStats:
     """A snapshot of the engine for status bars and /metrics."""

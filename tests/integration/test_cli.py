@@ -5,6 +5,10 @@ with a note."""
 
 from __future__ import annotations
 
+import os
+import pty
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +66,86 @@ def test_ctx_size_above_the_model_is_capped_with_a_note(model: str) -> None:
     assert lines[0] == ("tandem: note: --ctx-size 100000 is above the model's context; using "
                         "8192 tokens")
     assert lines[-1].endswith(" generated tokens (max tokens)")
+
+
+LONG = "The history of computing. " * 300  # ~1,500 tokens: a prefill of seconds here
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _stderr_on_a_terminal(args: list[str]) -> tuple[int, str, str]:
+    """Run `tandem *args` with stderr on a pseudo-terminal and stdout on a pipe: (exit
+    status, stdout, what the terminal received with colours stripped)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", *args], cwd=ROOT,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    received = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        received += chunk
+    os.close(master)
+    out = proc.stdout.read().decode()
+    return proc.wait(timeout=300), out, ANSI.sub("", received.decode())
+
+
+def test_prefill_progress_on_a_terminal_and_nothing_when_piped(model: str, tmp_path: Path
+                                                              ) -> None:
+    prompt = tmp_path / "long.txt"
+    prompt.write_text(LONG)
+    args = ["run", "--model", model, "--file", str(prompt), "--max-tokens", "2", *GREEDY]
+    piped = tandem(*args)
+    stats = piped.stderr.splitlines()
+    assert len(stats) == 1 and stats[0].startswith("TTFT ")  # no progress into a pipe
+    n_prompt = int(re.search(r"(\d+) prompt \+", stats[0]).group(1))
+    status, out, terminal = _stderr_on_a_terminal(args)
+    assert (status, out) == (0, piped.stdout)
+    frames = [f for f in re.split(r"[\r\n]", terminal) if f.startswith("prefill ")]
+    assert frames, terminal  # the bar, redrawn in place
+    done = [int(m.group(1)) for f in frames
+            if (m := re.search(rf" (\d+)/{n_prompt} tokens ·", f))]
+    assert done and done == sorted(done) and done[-1] < n_prompt
+    assert re.search(r" \d+ tok/s · ETA \d:\d\d:\d\d$", frames[-1].rstrip()), frames[-1]
+    # the bar is gone when the reply starts: the last line is the stats line
+    assert terminal.rstrip().splitlines()[-1].startswith("TTFT ")
+
+
+def test_ctrl_c_ends_the_line_and_prints_the_stats_so_far(model: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "run", "--model", model, "--raw",
+                             "--max-tokens", "2000", *GREEDY, "1, 2, 3, 4, 5, 6,"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.read(8)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert (first + rest).endswith("\n")
+    line = err.splitlines()[-1]
+    assert re.fullmatch(r"TTFT \d+ ms · prefill \d+ tok/s · decode [\d.]+ tok/s · "
+                        r"prefix-cached 0 tokens · 17 prompt \+ \d+ generated tokens "
+                        r"\(interrupted\)", line), line
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--bogus"], "tandem run: error: unrecognized arguments: --bogus"),
+    (["run", "hi", "--max-tokens", "x"],
+     "tandem run: error: argument --max-tokens: expected a positive integer, got 'x'"),
+    (["models", "pull"], "tandem models pull: error: the following arguments are required: "
+                         "name"),
+])
+def test_argument_errors_are_one_line_and_a_pointer(args: list[str], message: str) -> None:
+    r = tandem(*args)
+    command = message.split(": error:")[0]
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"{message}\nsee `{command} --help`\n")
+
+
+@pytest.mark.parametrize("command", ["run", "bench", "serve", "chat", "prefill-worker",
+                                     "models", "doctor", "two-box", "models list"])
+def test_every_subcommand_help_has_a_description(command: str) -> None:
+    r = tandem(*command.split(), "--help")
+    assert r.returncode == 0
+    body = r.stdout.split("\n\n")
+    assert not body[1].startswith(("positional arguments:", "options:")), r.stdout
