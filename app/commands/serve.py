@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
     from app.server.app import create_app
     from app.server.limits import uvicorn_options
+    from app.server.prefill_log import PrefillLog
 
     # tandem's own loggers (two-box transfers and fallbacks) at the server's level
     handler = logging.StreamHandler(sys.stderr)
@@ -164,7 +165,11 @@ def run(args: argparse.Namespace) -> int:
         server = GracefulServer(config, args.shutdown_timeout,
                                 on_grace_expired=app.state.ctx.end_streams,
                                 on_listening=lambda: print(banner, flush=True))
-        server.run(sockets=[sock])
+        prefills = PrefillLog(engine).start()  # long prefills, at --log-level info
+        try:
+            server.run(sockets=[sock])
+        finally:
+            prefills.stop()
     finally:
         engine.shutdown()
     return 0

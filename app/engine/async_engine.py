@@ -161,6 +161,17 @@ class AsyncEngine:
     def cancel(self, request_id: str) -> None:
         self._abort(request_id)
 
+    def prefilling(self) -> dict[str, PrefillProgress]:
+        """`prefill_progress` of every request whose prompt is still being computed.
+        Thread-safe (a snapshot; `{}` if the step thread kept changing the table)."""
+        for _ in range(3):
+            try:
+                ids = list(self.engine.requests)
+            except RuntimeError:  # the step thread added or removed one meanwhile
+                continue
+            return {i: p for i in ids if (p := self.prefill_progress(i)) is not None}
+        return {}
+
     def prefill_progress(self, request_id: str) -> PrefillProgress | None:
         """How far a request's prompt is computed, or None once it has no prompt left to
         compute (first token out, finished, or unknown). Thread-safe: it reads counters the
