@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install tandem into ./.venv: choose the llama.cpp build for this machine, build its wheel
 # once into a cache outside the repo, install the project, fetch the embedded model.
-# Usage: bash installers/install.sh [--dev]    (--dev adds the test tools)
+# Usage: bash installers/install.sh [--dev] [--client]
+#   --dev adds the test tools; --client the OpenAI, Anthropic and Ollama Python clients that
+#   the README's examples use
 # Safe to re-run: with nothing to do it finishes in seconds.
 set -euo pipefail
 
@@ -14,11 +16,13 @@ say() { printf 'install: %s\n' "$*"; }
 die() { printf 'install: error: %s\n' "$*" >&2; exit 1; }
 
 dev=0
+client=0
 for arg in "$@"; do
   case "$arg" in
     --dev) dev=1 ;;
-    -h | --help) sed -n '2,5p' "$0" | sed 's/^# //'; exit 0 ;;
-    *) die "unknown option '$arg' (usage: bash installers/install.sh [--dev])" ;;
+    --client) client=1 ;;
+    -h | --help) sed -n '2,7p' "$0" | sed 's/^# //'; exit 0 ;;
+    *) die "unknown option '$arg' (usage: bash installers/install.sh [--dev] [--client])" ;;
   esac
 done
 
@@ -74,6 +78,10 @@ else
     fi
   fi
   say "backend: portable CPU llama.cpp build ($cmake_args): no Apple GPU, no nvidia-smi; not native, which can SIGILL on AMX CPUs"
+fi
+if [[ $client == 1 ]]; then
+  extras=${extras:+$extras,}client
+  say "extras: client (the openai, anthropic and ollama Python clients)"
 fi
 base_extras=$extras
 if [[ $dev == 1 ]]; then
