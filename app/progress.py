@@ -46,7 +46,8 @@ def progress_line(stream: TextIO) -> Progress:
     return Progress(
         TextColumn("{task.description}"), BarColumn(),
         TextColumn("{task.completed:.0f}/{task.total:.0f} tokens ·"), _Rate(),
-        console=Console(file=stream), transient=True)
+        console=Console(file=stream), transient=True, redirect_stdout=False,
+        redirect_stderr=False)  # the reply (run) and the JSON lines (bench) stay on stdout
 
 
 class PrefillBar:
@@ -104,3 +105,37 @@ class PrefillBar:
             assert self._progress is not None
             self._progress.update(bar, completed=p.computed,
                                   description="remote prefill" if p.remote else "prefill")
+
+
+class CellProgress:
+    """`bench`'s place in its grid on stderr (a terminal only): `bench ⠋ cell 2 of 3:
+    concurrency 4, 16 requests · 0:00:12`, transient. `start(description)` marks the next
+    cell begun; `close()` removes the line. With `enabled` None, shown only when `stream`
+    is a terminal."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool | None = None):
+        from rich.progress import SpinnerColumn, TimeElapsedColumn
+
+        self.stream = stream or sys.stderr
+        self.total = total
+        self.done = 0
+        self._progress = None
+        if self.stream.isatty() if enabled is None else enabled:
+            self._progress = Progress(TextColumn("bench"), SpinnerColumn(),
+                                      TextColumn("{task.description} ·"), TimeElapsedColumn(),
+                                      console=Console(file=self.stream), transient=True,
+                                      redirect_stdout=False, redirect_stderr=False)
+            self._task = self._progress.add_task("", total=total)
+
+    def start(self, description: str) -> None:
+        self.done += 1
+        if self._progress is not None:
+            self._progress.reset(self._task, total=self.total, completed=self.done - 1,
+                                 description=f"cell {self.done} of {self.total}: {description}")
+            if self.done == 1:  # shown from the first cell on: never a line without one
+                self._progress.start()
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None

@@ -98,6 +98,7 @@ def main(args: argparse.Namespace) -> int:
 
 async def _local(args: argparse.Namespace, levels: list[int]) -> list[dict]:
     from app.bench.engine import run_bench
+    from app.progress import CellProgress
 
     raw = None
     if args.baseline == "raw":
@@ -109,6 +110,8 @@ async def _local(args: argparse.Namespace, levels: list[int]) -> list[dict]:
                                           threads=args.threads)
     engine = load_engine(args, max_seqs=max(levels))
     results = []
+    cells = CellProgress(len(levels))
+    cells.start(_cell(levels[0], args.requests))
     try:
         async for result in run_bench(engine, levels, args.requests, args.prompt_tokens,
                                       args.max_tokens, args.shared_prefix_tokens, args.seed):
@@ -121,9 +124,16 @@ async def _local(args: argparse.Namespace, levels: list[int]) -> list[dict]:
                 result["decode_vs_raw"] = round(ours / raw[c], 3) if ours else None
             print(json.dumps(result), flush=True)
             results.append(result)
+            if len(results) < len(levels):
+                cells.start(_cell(levels[len(results)], args.requests))
     finally:
+        cells.close()
         engine.shutdown()
     return results
+
+
+def _cell(concurrency: int, requests: int) -> str:
+    return f"concurrency {concurrency}, {requests} requests"
 
 
 def unwritable(path: str) -> str | None:
@@ -141,17 +151,23 @@ def unwritable(path: str) -> str | None:
 
 def _http(args: argparse.Namespace, levels: list[int]) -> list[dict]:
     from app.bench.http import run_http_bench
+    from app.progress import CellProgress
 
     api_key = args.api_key if args.api_key is not None else os.environ.get("TANDEM_API_KEY")
     results = []
-    for c in levels:
-        result = run_http_bench(
-            args.url, args.model, concurrency=c, requests=args.requests,
-            prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
-            system_prompt_tokens=args.shared_prefix_tokens, api_key=api_key,
-        )
-        print(json.dumps(result), flush=True)
-        results.append(result)
+    cells = CellProgress(len(levels))
+    try:
+        for c in levels:
+            cells.start(_cell(c, args.requests))
+            result = run_http_bench(
+                args.url, args.model, concurrency=c, requests=args.requests,
+                prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
+                system_prompt_tokens=args.shared_prefix_tokens, api_key=api_key,
+            )
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    finally:
+        cells.close()
     return results
 
 

@@ -5,6 +5,7 @@ with a note."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -149,3 +150,17 @@ def test_every_subcommand_help_has_a_description(command: str) -> None:
     assert r.returncode == 0
     body = r.stdout.split("\n\n")
     assert not body[1].startswith(("positional arguments:", "options:")), r.stdout
+
+
+def test_bench_shows_its_cell_on_a_terminal_and_keeps_stdout_json(model: str) -> None:
+    args = ["bench", "--model", model, "--concurrency", "1,2", "--requests", "2",
+            "--prompt-tokens", "16", "--max-tokens", "4", "--threads", "1"]
+    status, out, terminal = _stderr_on_a_terminal(args)
+    assert status == 0
+    assert [json.loads(line)["concurrency"] for line in out.splitlines()] == [1, 2]
+    cells = {re.sub(r" · \d:\d\d:\d\d$", "", f.strip()) for f in re.split(r"[\r\n]", terminal)
+             if f.startswith("bench ")}
+    spinner = r"bench \S cell "
+    assert {re.sub(spinner, "bench cell ", c) for c in cells} == {
+        "bench cell 1 of 2: concurrency 1, 2 requests",
+        "bench cell 2 of 2: concurrency 2, 2 requests"}, cells
