@@ -22,15 +22,15 @@ import numpy as np
 
 from backends.llamacpp import runtime
 
-# llama.cpp's enum llama_pooling_type -> the name the API docs and `describe` use
+# llama.cpp's enum llama_pooling_type -> its name in the docs and `Embedder.pooling`
 POOLING_NAMES = {L.LLAMA_POOLING_TYPE_MEAN: "mean", L.LLAMA_POOLING_TYPE_CLS: "cls",
                  L.LLAMA_POOLING_TYPE_LAST: "last"}
-# For a causal LM (no pooling in its GGUF): mean pooling. Measured on SmolLM2-135M-Instruct
-# and Qwen2.5-Coder-1.5B-Instruct (docs/readme-embeddings.md): with last-token pooling the
-# cosine of unrelated sentences is as high as that of paraphrases (the last hidden state is
-# dominated by next-token prediction), with mean pooling paraphrases rank above unrelated
-# sentences. vLLM and llama-server's `--pooling last` take the last token for decoder models
-# trained as embedders (Qwen3-Embedding, e5-mistral); these are not.
+# For a causal LM (no pooling in its GGUF): mean pooling. Measured on four sentence triples
+# (docs/readme-embeddings.md): on SmolLM2-135M-Instruct, last-token pooling ranks an unrelated
+# sentence above the paraphrase in one triple (code: 0.558 vs 0.632) and mean pooling ranks
+# every paraphrase first (by 0.19-0.26); on Qwen2.5-Coder-1.5B both rank all four right. vLLM
+# and llama-server's `--pooling last` take the last token for decoder models trained as
+# embedders (Qwen3-Embedding, e5-mistral); chat models are not.
 CAUSAL_LM_POOLING = L.LLAMA_POOLING_TYPE_MEAN
 # Most tokens one input may have, whatever the serving context: the compute buffer grows with
 # the micro-batch, which here is the whole batch (8192: OpenAI's embedding models take 8191).
@@ -45,6 +45,16 @@ def model_pooling(model: L.llama_model_p) -> int | None:
                                        L.LLAMA_POOLING_TYPE_UNSPECIFIED):
         return None
     return int(value)
+
+
+def cut_tokens(tokens: list[int], limit: int, head: int, tail: int) -> list[int]:
+    """`tokens` (`head` special tokens, the text's, `tail` special tokens) cut to at most
+    `limit` by dropping the text's last tokens; the special tokens stay where they fit."""
+    if len(tokens) <= limit:
+        return tokens
+    keep = max(0, limit - head - tail)
+    out = tokens[:head + keep] + (tokens[len(tokens) - tail:] if tail else [])
+    return out[:limit]
 
 
 class LlamaEmbedder:
@@ -97,11 +107,7 @@ class LlamaEmbedder:
         markup in `text` taken as plain text. With `limit`: at most `limit` tokens, the text
         cut at its end and the special tokens kept (as Ollama's `truncate`)."""
         tokens = self.tokenizer.encode(text, add_special=True, parse_special=False)
-        if limit is None or len(tokens) <= limit:
-            return tokens
-        head, tail = self._specials
-        keep = max(0, limit - head - tail)
-        return tokens[:head + keep] + (tokens[len(tokens) - tail:] if tail else [])
+        return tokens if limit is None else cut_tokens(tokens, limit, *self._specials)
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:
         """One L2-normalised vector of `n_embd` floats per input (token ids, each 1 to

@@ -190,6 +190,14 @@ def test_other_mistakes_are_400(server: Server) -> None:
         400, _openai_error("Missing required parameter: 'input'.", "input"))
 
 
+def test_both_routes_need_the_api_key(server: Server) -> None:
+    openai_401 = httpx.post(f"{server.url}/v1/embeddings", json={"input": "hi"}, timeout=60)
+    ollama_401 = httpx.post(f"{server.url}/api/embed", json={"input": "hi"}, timeout=60)
+    assert (openai_401.status_code, ollama_401.status_code) == (401, 401)
+    assert isinstance(openai_401.json()["error"], dict)  # each in its API's shape
+    assert isinstance(ollama_401.json()["error"], str)
+
+
 # -- a model that cannot embed (fake engine only) --------------------------------------------
 
 @pytest.fixture
@@ -215,3 +223,25 @@ def test_model_that_cannot_embed_is_400(no_embedder: Server, why: str) -> None:
     assert _post(no_embedder, "/v1/embeddings", {"input": "hi"}) == (
         400, _openai_error(message, "model"))
     assert _post(no_embedder, "/api/embed", {"input": "hi"}) == (400, {"error": message})
+
+
+def test_embedding_leaves_generation_alone(client: openai.OpenAI, server: Server) -> None:
+    """Embeddings computed while a completion decodes change neither: the embedder's context
+    is its own (the decode context is untouched) and runs on its own thread."""
+    import threading
+
+    def complete() -> str:
+        return client.completions.create(model=server.model, prompt="Once upon a time",
+                                         max_tokens=48, temperature=0,
+                                         extra_body={"repetition_penalty": 1}).choices[0].text
+
+    alone_text = complete()
+    alone_vectors, _ = _floats(server, [ANCHOR, PARAPHRASE, UNRELATED])
+    texts: list[str] = []
+    worker = threading.Thread(target=lambda: texts.append(complete()))
+    worker.start()
+    during = [_floats(server, [ANCHOR, PARAPHRASE, UNRELATED])[0] for _ in range(3)]
+    worker.join(timeout=120)
+    assert texts == [alone_text]
+    for vectors in during:
+        assert np.array_equal(vectors, alone_vectors)
