@@ -178,6 +178,35 @@ class SupportsKVTransfer(Protocol):
         ...
 
 
+class Embedder(Protocol):
+    """Sentence embeddings from a model (`/v1/embeddings`, `/api/embed`). A runner that can
+    embed has `embedder(max_tokens) -> Embedder` (made on first call; ValueError if its
+    model cannot embed); one that has no such method cannot.
+
+    `n_embd`: floats per vector. `pooling`: how token states become one vector ("mean",
+    "cls", "last"); `pooling_source`: "model" (the model declares it) or "default" (a causal
+    LM declares none: the backend's choice). `max_tokens`: most tokens one input may have.
+    `n_vocab`: token ids are in `[0, n_vocab)`.
+    """
+
+    n_embd: int
+    pooling: str
+    pooling_source: str
+    max_tokens: int
+    n_vocab: int
+
+    def tokenize(self, text: str, limit: int | None = None) -> list[int]:
+        """The input's tokens with the model's special tokens (BOS, CLS/SEP); with `limit`,
+        cut to at most `limit` tokens, keeping those special tokens."""
+        ...
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        """One L2-normalised vector per input (1 to `max_tokens` valid token ids each).
+        Blocking and thread-safe; inputs do not affect each other's vectors. Raises
+        RuntimeError if the backend fails."""
+        ...
+
+
 @dataclass(slots=True)
 class RunnerConfig:
     """How to build a runner; one default for every entry point.

@@ -122,6 +122,13 @@ class AsyncEngine:
             "plain_prefill": getattr(runner, "plain_prefill", None) is not None,
         }
 
+    def embedder(self):
+        """The model's `backends.base.Embedder` for inputs up to the context length, made on
+        the first call (a llama.cpp context: call it off the event loop), or None where the
+        runner cannot embed (MLX). Raises ValueError if the model cannot embed."""
+        make = getattr(self.runner, "embedder", None)
+        return None if make is None else make(self.context_length)
+
     # -- requests --------------------------------------------------------------------------
 
     def submit(self, prompt_ids: list[int], params: SamplingParams,

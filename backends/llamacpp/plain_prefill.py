@@ -64,6 +64,11 @@ class PlainPrefill:
         self._held: tuple[int, int] | None = None  # (main slot, positions 0..n-1 held here)
         self.chunks = 0  # chunks computed here (for tests and stats)
 
+    @property
+    def model(self) -> L.llama_model_p:
+        """The plain weights' `llama_model` (the embedder runs on them too)."""
+        return self._model
+
     def forget(self, slot: int | None = None) -> None:
         """The main context's `slot` (None: any) changed: what is held here is stale."""
         if self._held is not None and (slot is None or self._held[0] == slot):

@@ -8,6 +8,7 @@ together in one `llama_decode`. The pieces: `runtime` (process init, model load 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import llama_cpp as L
@@ -17,6 +18,7 @@ from backends.base import BatchItem, LayerKV, RunnerCapabilities
 from backends.llamacpp import kv_transfer as kvt
 from backends.llamacpp import runtime
 from backends.llamacpp.batch import TokenBatch
+from backends.llamacpp.embedder import LlamaEmbedder
 from backends.llamacpp.kv_plan import check_args, context_error, kv_budget_bytes, plan_kv
 from backends.llamacpp.memory import ContextMemory, blob_pointer
 from backends.llamacpp.plain_prefill import PLAIN_PREFILL_MIN_TOKENS, PlainPrefill
@@ -79,6 +81,7 @@ class LlamaCppRunner:
     capabilities = RunnerCapabilities(exact_truncate=True, kv_transfer=True)
     # whether llama.cpp saves V transposed in this context (learnt on first import)
     _kv_v_trans: bool | None = None
+    _embedder: LlamaEmbedder | None = None  # made by `embedder` on first use
 
     def __init__(
         self,
@@ -101,6 +104,8 @@ class LlamaCppRunner:
             raise FileNotFoundError(f"model file not found: {path}")
         check_args(max_seqs, kv_layout)
         runtime.init_backend(verbose)
+        self._embedder_lock = threading.Lock()
+        self._flash_attn_type = _FLASH_ATTN[flash_attn]
         self.repack = repack_verdict(path, repack)
         self._model, self.weight_buffers = runtime.load_model(path, self.repack.repack)
         self.block_size = block_size
@@ -323,12 +328,28 @@ class LlamaCppRunner:
                 return
         raise RuntimeError("llama.cpp refused the imported KV state")
 
+    def embedder(self, max_tokens: int) -> LlamaEmbedder:
+        """The model's embedder (`backends.base.Embedder`): a context of its own on these
+        weights (the plain copy's where large prefill chunks go there: embedding is all
+        prefill), made on the first call with inputs of up to `max_tokens` tokens (capped,
+        see `backends.llamacpp.embedder`). Raises ValueError if the model cannot embed."""
+        with self._embedder_lock:
+            if self._embedder is None:
+                plain = self.plain_prefill
+                model = plain.model if plain is not None else self._model
+                self._embedder = LlamaEmbedder(model, self.tokenizer, max_tokens,
+                                               self.n_threads, self._flash_attn_type)
+            return self._embedder
+
     @property
     def saved_bytes(self) -> int:
         """Host memory held by saved prefixes (bytes)."""
         return self.residency.saved_bytes
 
     def close(self) -> None:
+        if self._embedder is not None:  # before the weights it runs on
+            self._embedder.close()
+            self._embedder = None
         if getattr(self, "plain_prefill", None) is not None:
             self.plain_prefill.close()
             self.plain_prefill = None

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from backends.base import BatchItem, ModelInfo, RunnerCapabilities
+from tests.fakes.embedder import FakeEmbedder
 from tests.fakes.tokenizer import FakeTokenizer
 
 Reply = str | list[int]
@@ -133,6 +134,16 @@ class ScriptedRunner(FakeRunner):
         self.holding = threading.Event()  # set while a step waits in `hold`
         self.num_steps = 0
         self._fail_at: int | None = None
+        self.embeds = True  # False: `embedder` raises as for a model that cannot embed
+        self._embedder: FakeEmbedder | None = None
+
+    def embedder(self, max_tokens: int) -> FakeEmbedder:
+        """A `FakeEmbedder` over this runner's tokenizer (the same one on every call)."""
+        if not self.embeds:
+            raise ValueError("this model ranks (rerank pooling); it does not embed")
+        if self._embedder is None:
+            self._embedder = FakeEmbedder(self.tokenizer, max_tokens)
+        return self._embedder
 
     # -- script control ---------------------------------------------------------------------
 
