@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from typing import Any, TypeVar
 
@@ -133,11 +134,11 @@ def _typed(key: str, value: Any) -> Any:
     """`value` checked against the option's type (Ollama's `Options.FromMap` wording)."""
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if key in INT_OPTIONS:
-        if not number:
+        if not number or not math.isfinite(value):
             raise bad_request(f'option "{key}" must be of type integer', "options")
         return int(value)
     if key in FLOAT_OPTIONS:
-        if not number:
+        if not number or not math.isfinite(value):
             raise bad_request(f'option "{key}" must be of type float32', "options")
         return float(value)
     if key in BOOL_OPTIONS:
