@@ -170,6 +170,18 @@ def test_load_requests(server: Server, oc: ollama.Client) -> None:
         True, "load", {"role": "assistant", "content": ""})
 
 
+def test_fields_accepted_without_effect(server: Server, oc: ollama.Client) -> None:
+    msgs = [{"role": "user", "content": "Say hi."}]
+    plain = oc.chat(model=name(server), messages=msgs, options=GREEDY).message.content
+    for keep_alive in (-1, 0, "10m", 3600):
+        r = post(server, "/api/chat", {
+            "model": name(server), "messages": msgs, "stream": False, "think": True,
+            "keep_alive": keep_alive, "truncate": False, "shift": False,
+            "options": {**GREEDY, "num_ctx": 1 << 20, "num_thread": 64, "num_gpu": 99,
+                        "use_mmap": True, "typical_p": 1.0, "mirostat": 0, "not_an_option": 1}})
+        assert r.status_code == 200 and r.json()["message"]["content"] == plain
+
+
 # -- generate ----------------------------------------------------------------------------------
 
 
@@ -240,6 +252,14 @@ REFUSALS = [
     ("/api/generate", {"prompt": "x", "template": "{{ .Prompt }}"}, 400,
      "'template' is not supported: tandem renders the model's own chat template (send a "
      "formatted prompt with raw: true instead)"),
+    ("/api/generate", {"prompt": "x", "context": [1, 2]}, 400,
+     "'context' is not supported (deprecated by Ollama): send the conversation to /api/chat "
+     "instead"),
+    ("/api/generate", {"prompt": "x", "width": 512}, 400,
+     "'width' is not supported: model '{m}' does not generate images"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400,
+     "'logprobs' is not supported on the Ollama API yet; use /v1/chat/completions with "
+     "logprobs"),
     ("/api/generate", {"prompt": "x", "system": "s", "raw": True}, 400,
      "'system' cannot be combined with raw mode"),
     ("/api/generate", {"prompt": "x", "keep_alive": "forever"}, 400,
