@@ -51,7 +51,8 @@ def ollama_name(ctx: ServerContext) -> str:
 
 
 def resolve(ctx: ServerContext, requested: str | None) -> str:
-    """The Ollama name to answer with for a request's `model` (None or "": the served one).
+    """The name to answer with for a request's `model`: as given (Ollama echoes it), or the
+    served one's Ollama name for None or "".
 
     Raises APIError 404 `model 'x' not found` (Ollama's wording) for any other model."""
     if not requested:
@@ -62,7 +63,7 @@ def resolve(ctx: ServerContext, requested: str | None) -> str:
     except APIError:
         raise APIError(404, f"model '{requested}' not found", param="model",
                        code="model_not_found") from None
-    return requested if requested.lower().endswith(TAG) or ":" in requested else base + TAG
+    return requested  # Ollama answers with the name as the request gave it
 
 
 def _number(text: str | None) -> Any:

@@ -118,6 +118,7 @@ def test_chat_streamed_equals_collected_and_openai(server: Server, oc: ollama.Cl
     assert parts[-1].message.content == "" and parts[-1].done_reason == whole.done_reason
     assert "".join(p.message.content for p in parts) == whole.message.content
     assert parts[-1].eval_count == whole.eval_count
+    assert (whole.model, parts[0].model) == (name(server), server.model)  # echoed, as Ollama
     openai_reply = server.client().chat.completions.create(
         model=server.model, messages=msgs, max_tokens=24, temperature=0,  # type: ignore[arg-type]
         extra_body={"repetition_penalty": 1})
@@ -282,7 +283,7 @@ REFUSALS = [
 def test_refusals_are_ollama_errors(server: Server, path: str, body: dict, status: int,
                                     message: str) -> None:
     r = post(server, path, {"model": server.model, **body})
-    assert (r.status_code, r.json()) == (status, {"error": message.format(m=name(server))})
+    assert (r.status_code, r.json()) == (status, {"error": message.format(m=server.model)})
 
 
 def test_client_sees_the_error(server: Server, oc: ollama.Client) -> None:
@@ -348,6 +349,13 @@ def test_qwen_fills_in_the_middle(qwen: Server) -> None:
     whole = oc.generate(**kw)  # type: ignore[arg-type]
     assert (whole.response, whole.done_reason) == ("return a + b", "stop")
     assert "".join(p.response for p in oc.generate(stream=True, **kw)) == whole.response  # type: ignore[arg-type]
+    calls = oc.chat(model=qwen.model, messages=ASK, tools=TOOLS,
+                    options={"temperature": 0}).message.tool_calls  # native <tool_call> format
+    parts = list(oc.chat(model=qwen.model, messages=ASK, tools=TOOLS, stream=True,
+                         options={"temperature": 0}))
+    assert [c for p in parts for c in (p.message.tool_calls or [])] == calls
+    assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"})]
     legacy = qwen.client().completions.create(model=qwen.model, prompt=kw["prompt"],
                                               suffix=kw["suffix"], max_tokens=32,
                                               temperature=0)
