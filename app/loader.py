@@ -54,6 +54,7 @@ def load_engine(args: EngineArgs, *, pull_missing: bool = True) -> AsyncEngine:
             r.close()
         raise
     async_engine = AsyncEngine(engine, display_name(args.model), backend_name)
+    async_engine.model_path = Path(path)
     if client is not None:
         client.attach(async_engine)
     return async_engine

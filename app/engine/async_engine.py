@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from app.engine.engine import LLMEngine
 from app.engine.request import RequestStatus
@@ -78,6 +79,7 @@ class AsyncEngine:
         self.engine = engine
         self.runner: Runner = engine.runner
         self.model_name = model_name
+        self.model_path: Path | None = None  # the model file, where loaded from one (app.loader)
         self.backend_name = backend_name
         self.info = self.runner.info
         self.tokenizer = self.runner.tokenizer

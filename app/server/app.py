@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.server import routes_chat, routes_completions, routes_misc
+from app.server import routes_chat, routes_completions, routes_misc, routes_ollama
 from app.server.auth import APIKeyMiddleware
 from app.server.context import ServerContext
 from app.server.errors import install_error_handlers
@@ -79,6 +79,7 @@ def create_app(
     app.include_router(routes_misc.router)
     app.include_router(embeddings_router)
     app.include_router(routes_misc.public)
+    app.include_router(routes_ollama.router)
     if api_key:  # added first: innermost, so CORS answers preflights without a key
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     origins = list(cors_origins)

@@ -7,7 +7,10 @@ used as given. `max_tokens` defaults to 16, as OpenAI's does. `echo` prepends th
 (its text, or the decoded ids) to each choice; with `logprobs`, echoed prompt tokens carry
 null log-probabilities (the engine does not score prompts). `prediction` (one for every
 prompt and choice), `speculative` and `response_format` (a tandem extension here, as in
-vLLM: the completion must match it) work as on chat completions.
+vLLM: the completion must match it) work as on chat completions. `suffix` (OpenAI's
+insertion) makes each text prompt the prefix of a fill-in-the-middle prompt
+(`app.server.fim`) on models with FIM tokens; without them it is a 400 naming the missing
+tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from fastapi.responses import Response
 from app.prompts import raw_prompt_ids
 from app.server.context import Ctx, ServerContext
 from app.server.errors import bad_request
+from app.server.fim import fim_prompt_ids
 from app.server.generation import (
     ChoiceState,
     Job,
@@ -70,6 +74,18 @@ def parse_prompts(
     return [Prompt(list(p), None) for p in prompt]  # type: ignore[union-attr]
 
 
+def fim_prompts(engine: Any, prompt: str | list[str] | list[int] | list[list[int]],
+                suffix: str) -> list[Prompt]:
+    """Each text prompt as the prefix of a fill-in-the-middle prompt before `suffix`
+    (`app.server.fim`). Raises APIError 400: the model has no FIM tokens (the message names
+    the missing ones), or the prompts are token ids (a suffix needs text)."""
+    texts = [prompt] if isinstance(prompt, str) else prompt
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise bad_request("'suffix' needs the prompt as text (a string or a list of "
+                          "strings), not token ids.", "prompt")
+    return [Prompt(fim_prompt_ids(engine.tokenizer, t, suffix), t) for t in texts]  # type: ignore[arg-type]
+
+
 class _Echo:
     """The echoed prompt of one prompt: its text and (for logprobs) its token texts."""
 
@@ -90,9 +106,8 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx) -> Re
     n = body.n or 1
     if body.best_of is not None and body.best_of != n:
         raise bad_request("best_of is not supported (use n).", "best_of")
-    if body.suffix:
-        raise bad_request("suffix (insertion) is not supported by this model.", "suffix")
-    prompts = parse_prompts(ctx.engine, body.prompt)
+    prompts = (fim_prompts(ctx.engine, body.prompt, body.suffix) if body.suffix
+               else parse_prompts(ctx.engine, body.prompt))
     for p in prompts:
         check_prompt(p.ids, ctx.context_length, n_vocab(ctx.engine), "prompt")
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens

@@ -165,6 +165,15 @@ class LlamaCppRunner:
                 self.close()
                 raise
 
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value of the model as text (None if it has no such key)."""
+        return runtime.meta(self._model, key)
+
+    @property
+    def n_params(self) -> int:
+        """The model's parameter count (llama.cpp's `llama_model_n_params`)."""
+        return int(L.llama_model_n_params(self._model))
+
     def execute(self, items: list[BatchItem]) -> np.ndarray:
         self.residency.before_compute()
         plain = self.plain_prefill

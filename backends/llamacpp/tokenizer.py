@@ -23,6 +23,11 @@ class LlamaCppTokenizer:
         template = L.llama_model_chat_template(model, None)
         self.chat_template: str | None = template.decode("utf-8") if template else None
         self._bytes_cache: dict[int, bytes] = {}
+        # fill-in-the-middle tokens as llama.cpp found them (GGUF metadata or the known
+        # spellings in the vocabulary); absent ones are left out
+        fim = {"prefix": L.llama_vocab_fim_pre(self._vocab), "suffix": L.llama_vocab_fim_suf(self._vocab),
+               "middle": L.llama_vocab_fim_mid(self._vocab)}
+        self.fim_ids: dict[str, int] = {k: v for k, v in fim.items() if v >= 0}
         self._piece_buf = ctypes.create_string_buffer(256)
 
     def token_text(self, token_id: int) -> str:
