@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
+from app.bench.charts import ChartContext, bar_panel, figure, save, suptitle
 from app.bench.load import run_request, run_requests
 from app.bench.stats import median, percentiles, steady_decode_rate
 from app.engine import AsyncEngine
@@ -73,22 +75,29 @@ async def run_bench(engine: AsyncEngine, levels: list[int], requests: int, promp
                               shared, seed + i)
 
 
-def plot(results: list[dict], path: str, label: str = "tandem") -> None:
-    """Throughput (tok/s) against per-user decode speed (tok/s), one point per level."""
-    import matplotlib
+def plot(results: list[dict], path: str | Path, context: ChartContext, what: str):
+    """Three panels over the concurrency levels (categories, in the order run): throughput
+    (output tokens / wall time, prefill included), decode speed per user (1 / median TPOT)
+    and TTFT p50 and p99; written to `path` as PNG. Works for in-process and HTTP results
+    (the latter have no `per_user_tok_s`: it comes from `tpot_ms`). Returns the Figure."""
+    levels = [str(r["concurrency"]) for r in results]
+    per_user = [r.get("per_user_tok_s") or _from_tpot(r.get("tpot_ms")) for r in results]
+    fig, axes = figure(3)
+    suptitle(fig, context, what)
+    bar_panel(axes[0], levels, {"throughput": [r["throughput_tok_s"] for r in results]},
+              title="Throughput, all users\n(output tokens / wall time, prefill included)",
+              ylabel="output tok/s", better="higher")
+    bar_panel(axes[1], levels, {"per user": per_user},
+              title="Decode speed per user\n(1 / median time per output token)",
+              ylabel="tok/s per user", better="higher")
+    bar_panel(axes[2], levels, {p: [(r.get("ttft_ms") or {}).get(p) for r in results]
+                                for p in ("p50", "p99")},
+              title="Time to first token\n(median and 99th percentile)",
+              ylabel="TTFT, ms", better="lower")
+    save(fig, path)
+    return fig
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs = [r["per_user_tok_s"] or 0 for r in results]
-    ys = [r["throughput_tok_s"] for r in results]
-    ax.plot(xs, ys, marker="o", label=label)
-    for r, x, y in zip(results, xs, ys, strict=True):
-        ax.annotate(f"c={r['concurrency']}", (x, y), textcoords="offset points", xytext=(4, 4))
-    ax.set_xlabel("per-user decode speed (tok/s)")
-    ax.set_ylabel("aggregate throughput (tok/s)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def _from_tpot(tpot_ms: dict | None) -> float | None:
+    p50 = (tpot_ms or {}).get("p50")
+    return round(1000.0 / p50, 2) if p50 else None

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from app.bench.charts import ChartContext, bar_panel, figure, save, suptitle
 from app.bench.stats import ratio
 from app.engine.config import EngineConfig, SchedulerConfig, SpecConfig
 from app.engine.engine import LLMEngine
@@ -148,24 +149,37 @@ def run_spec_bench(runner: Runner, curve: StepTimeCurve, workloads, levels, mode
     return results
 
 
-def plot_frontier(results: list[dict], path: str | Path) -> None:
-    """Throughput against per-user tok/s, one line per mode, one panel per workload."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    workloads = sorted({r["workload"] for r in results})
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
-    for ax, workload in zip(axes[0], workloads, strict=True):
+def plot_frontier(results: list[dict], path: str | Path, context: ChartContext):
+    """One panel per workload, in the order run (the command line's): decode tok/s of all
+    users per concurrency level (categories), one bar per mode, labelled with its value and
+    its ratio to off; every panel on the same y scale, from 0. Written to `path` as PNG.
+    Returns the Figure."""
+    workloads = list(dict.fromkeys(r["workload"] for r in results))
+    modes = list(dict.fromkeys(r["mode"] for r in results))
+    top = max((r["decode_tok_s"] or 0 for r in results), default=0)
+    fig, axes = figure(len(workloads))
+    suptitle(fig, context, "Speculative decoding: decode speed per mode")
+    for ax, workload in zip(axes, workloads, strict=True):
         rows = [r for r in results if r["workload"] == workload]
-        for mode in dict.fromkeys(r["mode"] for r in rows):
-            pts = sorted((r["per_user_tok_s"], r["decode_tok_s"]) for r in rows
-                         if r["mode"] == mode)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
-        ax.set_title(workload)
-        ax.set_xlabel("per-user tok/s")
-        ax.set_ylabel("aggregate tok/s")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
+        levels = list(dict.fromkeys(r["concurrency"] for r in rows))
+        cell = {(r["mode"], r["concurrency"]): r for r in rows}
+        series = {m: [cell.get((m, c), {}).get("decode_tok_s") for c in levels] for m in modes}
+        labels = {m: [_bar_label(cell.get((m, c))) for c in levels] for m in modes}
+        bar_panel(ax, [str(c) for c in levels], series, labels=labels, ymax=top,
+                  title=f"workload: {workload}", ylabel="decode tok/s, all users",
+                  better="higher", legend=False)
+    if len(modes) > 1:  # one legend for every panel, beside them
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper",
+                   title="mode\n(bars: tok/s,\n× = ratio to off)", fontsize=8, title_fontsize=8)
+    save(fig, path)
+    return fig
+
+
+def _bar_label(row: dict | None) -> str:
+    """`112` for off, `112\n×0.97` (ratio to off) for the other modes; `n/a` if not run."""
+    if row is None or row["decode_tok_s"] is None:
+        return "n/a"
+    value = f"{row['decode_tok_s']:.0f}"
+    if row["mode"] == "off" or row["ratio_vs_off"] is None:
+        return value
+    return f"{value}\n×{row['ratio_vs_off']:.2f}"

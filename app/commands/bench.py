@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 from pathlib import Path
 
 from app.commands.common import add_model_args, fail, load_engine, positive_int, user_errors
@@ -33,8 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default: 0)")
     p.add_argument("--seed", type=int, default=0, metavar="N",
                    help="seed of the generated prompts (default: 0)")
-    p.add_argument("--png", metavar="PATH",
-                   help="draw throughput against per-user tok/s into this file (default: none)")
+    p.add_argument("--png", metavar="PATH", nargs="?", const="",
+                   help="draw the results as a PNG chart into PATH; --png alone writes "
+                   "<user data dir>/tandem/bench/<kind>-<time>.png (the path is printed on "
+                   "stderr) (default: no chart)")
     p.add_argument("--baseline", choices=["raw"], default=None,
                    help="also measure raw llama.cpp decode at each level's batch size and "
                         "report ratios (decode_vs_raw) (default: none)")
@@ -67,6 +70,10 @@ def main(args: argparse.Namespace) -> int:
         return fail("--concurrency levels must be >= 1")
     if args.vs_mlx_lm and (args.backend != "mlx" or args.url):
         return fail("--vs-mlx-lm needs --backend mlx and no --url")
+    if args.png == "":
+        from app.bench.charts import default_chart_path
+
+        args.png = str(default_chart_path("spec" if args.workload else "bench"))
     if args.png and (problem := unwritable(args.png)):
         return fail(f"--png {args.png}: {problem}")
     if args.workload:
@@ -92,8 +99,37 @@ def main(args: argparse.Namespace) -> int:
     if args.png:
         from app.bench.engine import plot
 
-        plot(results, args.png, label=args.url or "tandem")
+        where = f"server {args.url}" if args.url else "in-process engine"
+        plot(results, args.png, chart_context(args, results[0]), f"tandem bench: {where}")
+        print(f"tandem: chart: {args.png}", file=sys.stderr)
     return 0
+
+
+def chart_context(args: argparse.Namespace, first: dict | None = None):
+    """The chart title's facts: model and format (from the file; a server's model by name
+    only), tokens per request, and the machine (CPU model and cores; for --url the server).
+    `first`: a result line, whose `prompt_tokens` (what was sent) is preferred."""
+    from app.bench.charts import ChartContext, model_and_format
+
+    if getattr(args, "url", None):
+        model, fmt, machine = args.model, "", f"server {args.url}"
+    else:
+        from app.commands.doctor import chip
+        from models.store import resolve_model
+
+        try:
+            model, fmt = model_and_format(resolve_model(args.model, pull_missing=False))
+        except user_errors():  # the run found it; a title must not fail the run
+            model, fmt = args.model, ""
+        machine = f"{chip()} ({os.cpu_count()} cores)"
+    if args.workload:
+        tokens = f"{args.max_tokens} output tokens per request, greedy"
+    else:
+        first = first or {}
+        prompt = round(first.get("prompt_tokens_mean") or first.get("prompt_tokens")
+                       or args.prompt_tokens)
+        tokens = f"{prompt} prompt + {args.max_tokens} output tokens per request"
+    return ChartContext(model, fmt, tokens, machine)
 
 
 async def _local(args: argparse.Namespace, levels: list[int]) -> list[dict]:
@@ -237,5 +273,6 @@ def _spec(args: argparse.Namespace, levels: list[int]) -> int:
         if draft_runner is not None:
             draft_runner.close()
     if args.png:
-        plot_frontier(results, args.png)
+        plot_frontier(results, args.png, chart_context(args))
+        print(f"tandem: chart: {args.png}", file=sys.stderr)
     return 0
