@@ -220,6 +220,9 @@ MODELS: dict[str, ModelEntry] = {
 }
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+# Reply length limit of `tandem run` and of a new `tandem chat` chat, in generated tokens
+# (about 750 English words: room for a code answer); one value so both stop alike.
+DEFAULT_MAX_TOKENS = 1024
 
 
 def get_entry(name: str) -> ModelEntry:

@@ -1,5 +1,5 @@
 """What the chat's keys do: send, stop, quit, new, switch, regenerate, edit, copy, rename,
-settings, export, trim, delete, theme, screenshot.
+settings, export, trim, delete, theme, screenshot, status details.
 
 `ChatActions` is a mixin of `ChatApp`, typed against the `ChatHost` protocol (`host.py`)
 rather than the app itself, so this module never imports `tui.app`. The decisions are
@@ -16,9 +16,11 @@ from tui.host import ChatHost
 from tui.screens.dialogs import ConfirmScreen, TextPromptScreen
 from tui.screens.help import HelpScreen
 from tui.screens.settings import SettingsScreen
+from tui.screens.status import StatusScreen
 from tui.widgets.conversation import FINISH_NOTES
 from tui.widgets.prompt import PromptInput
 from tui.widgets.sidebar import ChatList
+from tui.widgets.status import StatusBar, format_details
 
 THEMES = ["textual-dark", "nord", "gruvbox", "tokyo-night", "catppuccin-latte"]
 QUIT_WAIT_S = 5.0  # longest Ctrl+Q waits for a stopped reply to be stored
@@ -178,6 +180,14 @@ class ChatActions:
 
     def action_help(self: ChatHost) -> None:
         self.push_screen(HelpScreen(self.config.keymap, str(self.config_path or "config.toml")))
+
+    def action_status_details(self: ChatHost) -> None:
+        chat = self.session.chat
+        rows = format_details(self.status.info, chat.settings.max_tokens if chat else None)
+        self.push_screen(StatusScreen(rows))
+
+    def on_status_bar_clicked(self: ChatHost, _event: StatusBar.Clicked) -> None:
+        self.action_status_details()
 
     def action_rename_chat(self: ChatHost) -> None:
         chat = self.session.chat

@@ -92,7 +92,7 @@ class ChatApp(ChatActions, App[int]):
                 yield Conversation(id="conversation")
                 yield PromptInput(id="prompt")
         yield StatusBar(id="status")
-        yield Footer()
+        yield Footer(compact=True)
 
     async def on_mount(self) -> None:
         theme = self.session.saved_theme() or self.config.theme

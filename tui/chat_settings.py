@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from models.registry import DEFAULT_MAX_TOKENS
+
 
 @dataclass(slots=True)
 class ChatSettings:
@@ -26,7 +28,7 @@ class ChatSettings:
     top_k: int = 40
     min_p: float = 0.05
     repetition_penalty: float = 1.0
-    max_tokens: int | None = 1024
+    max_tokens: int | None = DEFAULT_MAX_TOKENS  # `tandem run`'s default too
     seed: int | None = None
     model: str | None = None  # None: the model `tandem chat` started with
 

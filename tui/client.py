@@ -140,7 +140,8 @@ class ChatClient(ABC):
         return None
 
     def kv_usage(self) -> tuple[int, int] | None:
-        """(KV blocks used, KV blocks total) of the engine, or None if not known."""
+        """(tokens held in the engine's KV cache, tokens it can hold), or None if not
+        known."""
         return None
 
     def close(self) -> None:

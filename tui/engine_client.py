@@ -143,7 +143,8 @@ class EngineClient(ChatClient):
         if self.engine is None:
             return None
         stats = self.engine.stats()
-        return stats.kv_blocks_used, stats.kv_blocks_total
+        block = self.engine.runner.block_size  # tokens per KV block
+        return stats.kv_blocks_used * block, stats.kv_blocks_total * block
 
     def close(self) -> None:
         if self.engine is not None:

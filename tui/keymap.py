@@ -48,15 +48,16 @@ APP_KEYS: list[KeySpec] = [
     ),
     KeySpec("reply.copy", "ctrl+o", "copy_reply", "Copy the last reply"),
     KeySpec("reply.copy_code", "ctrl+t", "copy_code", "Copy the last code block"),
+    KeySpec("status.details", "ctrl+l", "status_details", "Status bar details, in full"),
     KeySpec("app.help", "f1", "help", "Help: all keys", show=True, label="Help"),
     KeySpec("chat.rename", "f2", "rename_chat", "Rename this chat"),
     KeySpec("chat.settings", "f3", "settings", "Chat settings", show=True, label="Settings"),
     KeySpec("sidebar.toggle", "f4", "toggle_sidebar", "Show or hide the chat list"),
     KeySpec("chat.export", "f5", "export_chat", "Export this chat as Markdown"),
-    KeySpec("chat.trim", "f12", "trim_chat", "Drop the oldest turn (frees context)"),
     KeySpec("chat.delete", "f8", "delete_chat", "Delete this chat"),
     KeySpec("app.theme", "f9", "next_theme", "Next theme"),
     KeySpec("app.screenshot", "f10", "screenshot", "Save an SVG screenshot"),
+    KeySpec("chat.trim", "f12", "trim_chat", "Drop the oldest turn (frees context)"),
 ]
 
 ALL_KEYS: list[KeySpec] = INPUT_KEYS + APP_KEYS
@@ -82,8 +83,21 @@ def key_for(keymap: dict[str, str], binding_id: str) -> str:
 
 
 def effective_keys(keymap: dict[str, str]) -> list[tuple[str, str, str]]:
-    """(keys, description, id) of every binding after applying the user's `keymap`."""
-    return [(keymap.get(s.id, s.keys), s.description, s.id) for s in ALL_KEYS]
+    """(keys, description, id) of every binding after applying the user's `keymap`, in key
+    order (`key_order`)."""
+    rows = [(keymap.get(s.id, s.keys), s.description, s.id) for s in ALL_KEYS]
+    return sorted(rows, key=lambda row: key_order(row[0]))
+
+
+def key_order(keys: str) -> tuple[int, int, str]:
+    """Sort key of a binding by its first key: named keys (enter, escape), then ctrl+ keys
+    alphabetically, then F-keys by number (f5 < f8 < f12), then the rest."""
+    first = keys.split(",")[0].strip()
+    if first.startswith("f") and first[1:].isdigit():
+        return (2, int(first[1:]), "")
+    if first.startswith("ctrl+"):
+        return (1, 0, first)
+    return (0 if "+" not in first else 3, 0, first)
 
 
 def unknown_ids(keymap: dict[str, str]) -> list[str]:

@@ -8,6 +8,7 @@ import argparse
 from collections.abc import Callable
 
 from app.commands.engine_flags import non_negative_int, positive_int
+from models.registry import DEFAULT_MAX_TOKENS
 
 
 def float_in(low: float, high: float | None = None, low_open: bool = False) -> Callable[[str], float]:
@@ -31,7 +32,7 @@ def float_in(low: float, high: float | None = None, low_open: bool = False) -> C
 MODEL_DEFAULT = "the model's recommended value, see `tandem models list`"
 
 
-def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int = 512,
+def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int = DEFAULT_MAX_TOKENS,
                       temperature: float | None = None, top_p: float | None = None,
                       top_k: int | None = None, min_p: float | None = None) -> None:
     """`--max-tokens --temperature --top-p --top-k --min-p --repetition-penalty --seed

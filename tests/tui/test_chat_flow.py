@@ -30,8 +30,9 @@ async def test_send_streams_markdown_reply_and_updates_status(make_app, scripted
         assert round(info.ttft_s, 3) == 0.05 and round(info.decode_tok_s) == 100
         # ctx: the 36-token prompt, the 47-token reply and its EOS.
         assert (info.context_tokens, info.context_length) == (84, 4096)
-        # KV: the finished reply's blocks are free again (and stay in the prefix cache).
-        assert info.kv == (0, 256)
+        # KV, in tokens (256 blocks of 16): the finished reply's blocks are free again (and
+        # stay in the prefix cache).
+        assert info.kv == (0, 4096)
         # The chat is titled from the first message.
         assert app.session.chat.title == "show me code"
 

@@ -109,7 +109,7 @@ def test_engine_client_context_full(scripted):
 def test_status_line_and_helpers():
     line = format_status(StatusInfo("llamacpp", "smol", "ready", 0.042, 118.04, 812, 8192, 768, (52, 512)))
     assert line == (
-        "● llamacpp · smol │ TTFT 42 ms │ 118.0 tok/s │ ctx 812/8192 │ cached 768 │ KV 52/512"
+        "● llamacpp · smol │ TTFT 42 ms │ 118.0 tok/s │ ctx 812/8192 tok │ cached 768 tok │ KV 52/512 tok"
     )
     spec = StatusInfo("llamacpp", "smol", "ready", spec=(45, 60))
     assert format_status(spec).endswith(" │ drafts 45/60 accepted")

@@ -1,24 +1,54 @@
-"""Small modal dialogs: ask for one line of text, confirm a destructive action."""
+"""Modal dialogs that leave the status bar and footer in view (`Dialog`), and two small ones:
+ask for one line of text, confirm a destructive action."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
+BAR_ROWS = 2  # the status bar and the footer, at the bottom of the app's screen
+ResultType = TypeVar("ResultType")
+
+
+class Dialog(ModalScreen[ResultType]):
+    """A modal screen whose box (its one child) is centred in the rows above the status bar
+    and footer and never taller than they leave, however short the terminal: the box
+    scrolls (or its own scrolling part does) instead of covering the bars."""
+
+    DEFAULT_CSS = f"""
+    Dialog {{ align: center middle; }}
+    Dialog > * {{ margin-bottom: {BAR_ROWS}; }}
+    """
+
+    def on_mount(self) -> None:
+        self._fit_box()
+
+    def on_resize(self, _event: events.Resize) -> None:
+        self._fit_box()
+
+    def _fit_box(self) -> None:
+        # CSS has no `100% - 2`: the limit is set from the screen's height in rows
+        for box in self.children:
+            box.styles.max_height = max(self.size.height - BAR_ROWS, 1)
+
+
 _CSS = """
-{name} {{ align: center middle; }}
 {name} > Vertical {{
-    width: 60; height: auto; border: round $accent; background: $surface; padding: 1 2;
+    width: 60; max-width: 100%; height: auto;
+    border: round $accent; background: $surface; padding: 1 2;
 }}
 {name} Horizontal {{ height: auto; align-horizontal: right; margin-top: 1; }}
 {name} Button {{ margin-left: 1; }}
 """
 
 
-class TextPromptScreen(ModalScreen[str | None]):
+class TextPromptScreen(Dialog[str | None]):
     """Ask for a line of text; dismisses with the text, or None on Esc."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
@@ -41,7 +71,7 @@ class TextPromptScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-class ConfirmScreen(ModalScreen[bool]):
+class ConfirmScreen(Dialog[bool]):
     """Yes/no question; Enter on the focused button answers, Esc means no."""
 
     BINDINGS = [Binding("escape", "answer(False)", "No"), Binding("y", "answer(True)", "Yes")]

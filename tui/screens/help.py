@@ -6,21 +6,20 @@ from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from tui.keymap import effective_keys
+from tui.screens.dialogs import Dialog
 
 
-class HelpScreen(ModalScreen[None]):
+class HelpScreen(Dialog[None]):
     """Lists keys, descriptions and binding ids (the ids are what config.toml rebinds)."""
 
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
 
     DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll {
-        width: 80; max-width: 100%; height: auto; max-height: 90%;
+        width: 80; max-width: 100%; height: auto;
         border: round $accent; background: $surface; padding: 0 1;
     }
     """

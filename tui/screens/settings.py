@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, Horizontal, Vertical
-from textual.screen import ModalScreen
+from textual.containers import Grid, Horizontal, VerticalScroll
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
 from models.registry import generation_defaults
 from tui.chat_settings import ChatSettings
+from tui.screens.dialogs import Dialog
 
 # (field, label, kind): kind is how the Input text is parsed; "opt" fields may be empty.
 FIELDS = [
@@ -23,15 +23,14 @@ FIELDS = [
 ]
 
 
-class SettingsScreen(ModalScreen[ChatSettings | None]):
+class SettingsScreen(Dialog[ChatSettings | None]):
     """Edit a chat's settings; Save validates and dismisses with the new settings."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
 
     DEFAULT_CSS = """
-    SettingsScreen { align: center middle; }
-    SettingsScreen > Vertical {
-        width: 76; max-width: 100%; height: auto; max-height: 100%;
+    SettingsScreen > VerticalScroll {
+        width: 76; max-width: 100%; height: auto;
         border: round $accent; background: $surface; padding: 0 1;
     }
     SettingsScreen #system { height: 6; margin-bottom: 1; }
@@ -57,7 +56,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         self._default_model = default_model
 
     def compose(self) -> ComposeResult:
-        with Vertical() as box:
+        with VerticalScroll() as box:
             box.border_title = f"Settings: {self._title}"
             yield Label("Model")
             options = [(f"{self._default_model} (default)", "")]
