@@ -75,7 +75,7 @@ def test_sampling_help_says_default_and_range() -> None:
 def test_errors_name_the_flag(flag: str, value: str, message: str) -> None:
     r = tandem("run", "hi", flag, value)
     assert r.returncode == 2
-    assert r.stderr.splitlines()[-1] == f"tandem run: error: {message}"
+    assert r.stderr == f"tandem run: error: {message}\nsee `tandem run --help`\n"
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -89,13 +89,13 @@ def test_errors_name_the_flag(flag: str, value: str, message: str) -> None:
 def test_run_refuses_before_loading(args: list[str], message: str) -> None:
     r = tandem("run", *args, "--model", "no-such-model")
     assert r.returncode == 2
-    assert r.stderr.splitlines()[-1] == f"tandem run: error: {message}"
+    assert r.stderr == f"tandem run: error: {message}\nsee `tandem run --help`\n"
 
 
 def test_empty_prompt_on_stdin_is_refused() -> None:
     r = tandem("run", "--model", "no-such-model", input=" \n")
     assert r.returncode == 2
-    assert r.stderr.splitlines()[-1] == "tandem run: error: the prompt is empty"
+    assert r.stderr == "tandem run: error: the prompt is empty\nsee `tandem run --help`\n"
 
 
 def test_model_that_is_an_existing_non_gguf_file() -> None:
