@@ -18,6 +18,7 @@ from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
@@ -258,8 +259,15 @@ class ChatApp(ChatActions, App[int]):
         view.start_stream()
         error: ClientError | None = None
         next_refresh = 0.0
+        # the prompt's prefill progress in TTFT's place until the first token
+        prefill_timer: Timer | None = self.set_interval(
+            STATUS_REFRESH_S, lambda: self.status.update(prefilling=reply.prefill_progress()))
         try:
             async for chunk in reply:
+                if prefill_timer is not None:
+                    prefill_timer.stop()
+                    prefill_timer = None
+                    self.status.update(prefilling=None)
                 await view.append(chunk)
                 if (now := time.monotonic()) >= next_refresh:
                     next_refresh = now + STATUS_REFRESH_S
@@ -270,6 +278,8 @@ class ChatApp(ChatActions, App[int]):
             error = ClientError(f"The reply failed: {exc!r}")
         finally:
             self._reply = None
+            if prefill_timer is not None:
+                prefill_timer.stop()
         stats = reply.stats
         note = "error" if error is not None else FINISH_NOTES.get(stats.finish_reason or "", "")
         await view.finish(note)
@@ -280,7 +290,7 @@ class ChatApp(ChatActions, App[int]):
         if error is not None:
             await self.conversation.show_error(str(error))
         self.status.update(
-            state="ready", ttft_s=stats.ttft_s,
+            state="ready", ttft_s=stats.ttft_s, prefilling=None,
             decode_tok_s=stats.decode_tok_s or reply.live_decode_tok_s(),
             cached_tokens=stats.cached_tokens, context_tokens=stats.context_tokens,
             kv=self.client.kv_usage(),

@@ -101,6 +101,11 @@ class ReplyStream(ABC):
         self._t_last = now
         self.stats.completion_tokens += n_tokens
 
+    def prefill_progress(self) -> tuple[int, int] | None:
+        """(prompt tokens computed, prompt tokens) while the prompt is being prefilled;
+        None once the first token is out, or where the client cannot see it (a server)."""
+        return None
+
     def live_decode_tok_s(self) -> float | None:
         """Decode rate so far, measured after the first token (None until two tokens)."""
         if self._t_first is None or self._t_last is None or self.stats.completion_tokens < 2:

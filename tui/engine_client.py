@@ -137,7 +137,7 @@ class EngineClient(ChatClient):
             raise ClientError(f"The engine is busy: {exc}") from exc
         except ValueError as exc:
             raise ClientError(f"Invalid settings: {exc}") from exc
-        return _EngineReply(stream, len(prompt))
+        return _EngineReply(stream, len(prompt), self.engine)
 
     def kv_usage(self) -> tuple[int, int] | None:
         if self.engine is None:
@@ -155,9 +155,10 @@ class EngineClient(ChatClient):
 class _EngineReply(ReplyStream):
     """Adapts an engine request stream to `ReplyStream`."""
 
-    def __init__(self, stream: Any, prompt_tokens: int):
+    def __init__(self, stream: Any, prompt_tokens: int, engine: Any):
         super().__init__(prompt_tokens)
         self._stream = stream
+        self._engine = engine
         self._finished = False
 
     async def _chunks(self) -> AsyncIterator[str]:
@@ -191,6 +192,10 @@ class _EngineReply(ReplyStream):
             self.stats.ttft_s = metrics.ttft
         if metrics.decode_tok_s is not None:
             self.stats.decode_tok_s = metrics.decode_tok_s
+
+    def prefill_progress(self) -> tuple[int, int] | None:
+        p = self._engine.prefill_progress(self._stream.request_id)
+        return None if p is None else (p.computed, p.total)
 
     def cancel(self) -> None:
         self._stream.cancel()

@@ -52,3 +52,32 @@ async def test_real_reply_streams_with_stats(model_home, db_path):
     finally:
         client.close()
         store.close()
+
+
+async def test_long_prompt_shows_prefill_progress_until_the_first_token(model_home, db_path):
+    client = EngineClient(DEFAULT_MODEL)
+    store = ChatStore(db_path)
+    config = ChatConfig(defaults=ChatSettings(temperature=0.0, max_tokens=2))
+    app = ChatApp(client, store, config)
+    seen: list[tuple[int, int]] = []
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.status.info.state != "loading", timeout=120)
+            await send(pilot, "The history of computing. " * 200)
+
+            def done() -> bool:
+                if app.status.info.prefilling is not None:
+                    seen.append(app.status.info.prefilling)
+                return len(app.session.store.messages(app.session.chat.id)) >= 2 and not app.busy
+
+            await wait_until(pilot, done, timeout=300)
+            prompt_tokens = app.session.store.messages(app.session.chat.id)[-1]
+            assert seen, "no prefill progress was shown"
+            totals = {total for _, total in seen}
+            assert len(totals) == 1 and all(done < total for done, total in seen)
+            assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+            assert app.status.info.prefilling is None  # gone once the reply started
+            assert app.status.info.context_tokens == totals.pop() + 2, prompt_tokens
+    finally:
+        client.close()
+        store.close()

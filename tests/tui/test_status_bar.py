@@ -140,3 +140,13 @@ async def test_dialogs_never_cover_the_bar(make_app, scripted, size, key) -> Non
 def test_one_max_tokens_default_for_run_and_chat() -> None:
     run = build_parser().parse_args(["run", "hello"])
     assert run.max_tokens == ChatSettings().max_tokens == DEFAULT_MAX_TOKENS == 1024
+
+
+def test_prefill_progress_takes_ttfts_place() -> None:
+    info = StatusInfo("llamacpp", "smollm2-135m-instruct", "generating", None, None, 812, 8192,
+                      None, (1664, 131072), prefilling=(512, 1531))
+    assert format_status(info) == (
+        "▶ llamacpp · smollm2-135m-instruct │ prefill 512/1531 tok │ – tok/s │ "
+        "ctx 812/8192 tok │ cached – tok │ KV 1664/131k tok")
+    assert format_status(info, 78) == (
+        "▶ smollm2-135m-instruct │ prefill 33% │ – tok/s │ ctx 10% │ cached – │ KV 1%")

@@ -39,6 +39,8 @@ class StatusInfo:
     kv: tuple[int, int] | None = None
     spec: tuple[int, int] | None = None  # speculative decoding: (accepted, drafted) tokens
     prefill: str | None = None  # two-box mode: where the last prompt was prefilled
+    # while a prompt is prefilled: (tokens computed, prompt tokens), shown in TTFT's place
+    prefilling: tuple[int, int] | None = None
 
 
 _STATE_MARK = {"loading": "◌", "ready": "●", "generating": "▶", "error": "✖"}
@@ -46,7 +48,7 @@ _STATE_MARK = {"loading": "◌", "ready": "●", "generating": "▶", "error": "
 # How the line shrinks, step by step, until it fits: (figure, form), form 1 the short one,
 # None dropping the figure. The prefill route is fitted last, into the room left.
 _SHRINK: list[tuple[str, int | None]] = [
-    ("cached", 1), ("model", 1), ("rate", 1), ("ctx", 1), ("kv", 1), ("drafts", 1),
+    ("cached", 1), ("model", 1), ("rate", 1), ("ctx", 1), ("kv", 1), ("drafts", 1), ("ttft", 1),
     ("cached", None), ("drafts", None), ("kv", None), ("route", None), ("ttft", None),
 ]
 
@@ -92,6 +94,9 @@ def _forms(info: StatusInfo) -> dict[str, list[str]]:
     ttft = "–" if info.ttft_s is None else f"{info.ttft_s * 1000:.0f} ms"
     forms = {"model": [f"{mark} {info.backend} · {info.model}", f"{mark} {info.model}"],
              "ttft": [f"TTFT {ttft}"] * 2}
+    if info.prefilling is not None:
+        done, total = info.prefilling
+        forms["ttft"] = [f"prefill {done}/{total} tok", f"prefill {percent(done, total)}"]
     rate = info.decode_tok_s
     forms["rate"] = ["– tok/s"] * 2 if rate is None else [f"{rate:.1f} tok/s", f"{rate:.0f} tok/s"]
     used, length = info.context_tokens, info.context_length
