@@ -93,7 +93,7 @@ def startup_line(host: str, port: int, policy, max_tokens: int) -> str:
                 f"{cfg.min_tokens}+ new tokens stays here to measure this box, then each "
                 f"goes where it is predicted faster{tail}")
     measured = (f"measured: this box {here:,.0f} tok/s, the worker {there:,.0f} tok/s"
-                + (f", link {link:.2f} GB/s" if link else ""))
+                + (f", link {link:.3g} GB/s" if link else ""))
     first = policy.remote_from(max_tokens)
     if first is None:
         return (f"two-box: prompts stay here: this box prefills faster than {worker} up to "
