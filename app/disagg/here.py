@@ -92,8 +92,10 @@ def measure(model_path: Path, backend: str | None = None, threads: int | None = 
     from backends.loader import load_runner
     from models.store import store_dir
 
-    runner, name = load_runner(model_path, backend=backend,
-                               config=RunnerConfig(n_threads=threads))
+    # one small slot: loads fast; the cache key (spec_profile.profile_key) is serve's all
+    # the same, as it does not depend on slots or context
+    runner, name = load_runner(model_path, backend=backend, config=RunnerConfig(
+        max_seqs=1, seq_tokens=2 * PREFILL_TOKENS, n_threads=threads))
     try:
         n_threads = getattr(runner, "n_threads", None)
         cache = store_dir() / "profiles" / (

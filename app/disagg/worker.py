@@ -59,7 +59,7 @@ class PrefillWorker:
             warns when both run on one machine and over-subscribe its cores).
     Each finished request is logged (info) in one line: outcome, tokens sent, tokens
     computed, KV bytes, seconds and GB/s, e.g. "prefill for 127.0.0.1:35184: done: 2047
-    tokens (2047 computed), 47.2 MB of KV in 14.61 s, 0.003 GB/s".
+    tokens sent (2047 computed), 47.2 MB of KV in 14.61 s, 0.003 GB/s".
     `counters` counts requests by outcome ("done", "cancelled", "busy", "peer_error",
     "bad_request", "failed") for logs and tests.
     """
@@ -149,10 +149,12 @@ class PrefillWorker:
         sending: asyncio.Task | None = None
         t0 = time.perf_counter()
         sent, chunks, frames, nbytes, computed = start, 0, 0, 0, 0
+        summary.update(tokens=0, computed=0, bytes=0)
         try:
             while sent < n and not gone.is_set():
                 upto, new = await self._run(self._step, rid, n)
                 computed += new
+                summary.update(tokens=sent - start, computed=computed, bytes=nbytes)
                 while sent < upto and not gone.is_set():
                     m = min(chunk_tokens, upto - sent)
                     kv = await self._run(self._export, rid, sent, m)
@@ -217,13 +219,13 @@ class PrefillWorker:
 
 
 def transfer_line(outcome: str, summary: dict) -> str:
-    """The log line's text after the peer: the outcome, then (once any KV went out) tokens
-    sent, tokens computed here (fewer when this worker's prefix cache had the start), KV
+    """The log line's text after the peer: the outcome, then (once the prefill started)
+    tokens sent, tokens computed here (fewer when this worker's prefix cache had the start), KV
     bytes (MB = 1e6 B), seconds from the request to its last frame, and bytes / seconds in
     GB/s (1e9 B/s: what the link carried on average, compute included)."""
-    if not summary.get("tokens"):
+    if "seconds" not in summary:  # refused before any work
         return outcome
-    seconds = summary.get("seconds", 0.0)
+    seconds = summary["seconds"]
     rate = summary["bytes"] / seconds / 1e9 if seconds > 0 else 0.0
-    return (f"{outcome}: {summary['tokens']} tokens ({summary['computed']} computed), "
+    return (f"{outcome}: {summary['tokens']} tokens sent ({summary['computed']} computed), "
             f"{summary['bytes'] / 1e6:.1f} MB of KV in {seconds:.2f} s, {rate:.3f} GB/s")

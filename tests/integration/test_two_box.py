@@ -127,7 +127,7 @@ def test_split_output_equals_single_box_cold(local, split, worker):
     assert m.cached_tokens == 0
     # the worker logs the transfer: tokens, tokens it computed, KV bytes, seconds, GB/s
     n = len(ids) - 1
-    said = f": done: {n} tokens ({n} computed), {info['bytes'] / 1e6:.1f} MB of KV in "
+    said = f": done: {n} tokens sent ({n} computed), {info['bytes'] / 1e6:.1f} MB of KV in "
     wait_for(lambda: said in worker.log())
     line = next(ln for ln in worker.log().splitlines() if said in ln)
     found = re.fullmatch(r"tandem: prefill for 127\.0\.0\.1:\d+" + re.escape(said)

@@ -132,7 +132,11 @@ def test_remote_from_is_the_first_length_auto_sends():
 def test_worker_transfer_line():
     assert transfer_line("done", {"tokens": 2047, "computed": 1535, "bytes": 47_162_880,
                                   "seconds": 2.0}) == (
-        "done: 2047 tokens (1535 computed), 47.2 MB of KV in 2.00 s, 0.024 GB/s")
+        "done: 2047 tokens sent (1535 computed), 47.2 MB of KV in 2.00 s, 0.024 GB/s")
+    # the decode box gave up before the first chunk was computed
+    assert transfer_line("cancelled", {"tokens": 0, "computed": 0, "bytes": 0,
+                                       "seconds": 10.0}) == (
+        "cancelled: 0 tokens sent (0 computed), 0.0 MB of KV in 10.00 s, 0.000 GB/s")
     assert transfer_line("bad_request", {}) == "bad_request"
 
 
