@@ -36,7 +36,9 @@ def register(subparsers) -> None:
         description="Predict prefill (compute-bound), decode (bandwidth-bound) and the KV "
                     "transfer, and say whether the second box pays for this workload. "
                     "Defaults: EXO Labs' Spark + M3 Ultra case; its --output is inferred "
-                    f"({EXO_OUTPUT_TOKENS}), EXO did not publish one.")
+                    f"({EXO_OUTPUT_TOKENS}), EXO did not publish one. --here plans for this "
+                    "machine and the model you serve (measured, shape from its GGUF); --list "
+                    "shows the known devices, links and models with their sources.")
     plan.add_argument("--prefill-device", default=None, metavar="NAME",
                       help="box that prefills in the split (default: spark)")
     plan.add_argument("--decode-device", default=None, metavar="NAME",
