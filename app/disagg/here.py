@@ -150,7 +150,7 @@ def here_device(model: ModelShape, m: Measured) -> Device:
     flops = model.prefill_flops(m.prefill_tokens) / m.prefill_s
     bandwidth = model.decode_bytes(DECODE_CONTEXT, 1) / m.decode_step_s
     cpu = platform.processor() or platform.machine()
-    threads = f", {m.threads} threads" if m.threads else ""
+    threads = f", {m.threads} thread{'s' * (m.threads != 1)}" if m.threads else ""
     return Device(
         name="here",
         description=f"this machine ({cpu}, {os.cpu_count()} cores{threads}, {m.backend})",
