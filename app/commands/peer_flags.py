@@ -52,4 +52,5 @@ def peer_from(ns: argparse.Namespace) -> PeerConfig | None:
     host, port = parse_peer(ns.prefill_peer)
     policy = PolicyConfig(mode=ns.prefill_policy or _POLICY.mode,
                           min_tokens=ns.prefill_min_tokens or _POLICY.min_tokens)
-    return PeerConfig(host, port, read_secret(ns.secret_file), policy=policy)
+    return PeerConfig(host, port, read_secret(ns.secret_file), policy=policy,
+                      threads=getattr(ns, "threads", None))

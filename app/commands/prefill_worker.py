@@ -2,7 +2,8 @@
 mode; protocol in docs/two-box.md).
 
 Binds 127.0.0.1:7070 by default; any other address needs `--secret-file`. Ctrl+C or SIGTERM
-stop it; a decode box mid-transfer then prefills the rest itself.
+stop it; a decode box mid-transfer then prefills the rest itself. Everything it prints goes
+to stderr: the listening line, then one line per request (tokens, bytes, seconds, GB/s).
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ async def _serve(args, engine_args, secret: bytes) -> int:
     from app.loader import display_name, load_prefill_engine
 
     engine, path = load_prefill_engine(engine_args)
-    worker = PrefillWorker(engine, model_fingerprint(path), secret)
+    worker = PrefillWorker(engine, model_fingerprint(path), secret,
+                           threads=getattr(engine.runner, "n_threads", None))
     try:
         try:
             server = await worker.serve(args.host, args.port)
@@ -84,7 +86,7 @@ async def _serve(args, engine_args, secret: bytes) -> int:
         shown = f"[{args.host}]" if ":" in args.host else args.host
         print(f"tandem: prefill worker for {display_name(engine_args.model)} listening on "
               f"{shown}:{args.port}" + (" (secret required)" if secret else
-                                        " (loopback, no secret)"), flush=True)
+                                        " (loopback, no secret)"), file=sys.stderr, flush=True)
         async with server:
             await stop.wait()
         return 0

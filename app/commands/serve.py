@@ -23,6 +23,7 @@ from app.commands.engine_flags import (
 from app.commands.graceful import GracefulServer, bind_socket
 from app.commands.peer_flags import add_peer_args
 from app.config import EngineArgs
+from app.disagg.report import startup_line
 from backends.llamacpp.plain_prefill import PLAIN_PREFILL_MIN_TOKENS
 from backends.llamacpp.repack import describe as describe_repack
 from backends.llamacpp.repack import weight_summary
@@ -149,10 +150,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"tandem: weights: {weight_summary(d['weight_buffers'])} "
                   f"({describe_repack(d['repack'])}{plain})", flush=True)
         peer = engine.engine.scheduler.remote
-        if peer is not None:
-            print(f"tandem: two-box: prompts go to the prefill worker at {peer.peer.host}:"
-                  f"{peer.peer.port} (policy {peer.peer.policy.mode}); any failure prefills "
-                  "here", flush=True)
+        if peer is not None:  # what `auto` will do, from the estimates kept from last time
+            print("tandem: " + startup_line(peer.peer.host, peer.peer.port, peer.policy,
+                                            engine.context_length), flush=True)
         if layout == "unified":
             print("tandem: note: with --kv-layout unified, output (even at temperature 0) "
                   "may vary with load and cache history", flush=True)

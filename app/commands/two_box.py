@@ -6,6 +6,11 @@ The defaults are EXO Labs' measured case: DGX Spark prefill, M3 Ultra decode, Ll
 FP16, an 8,192-token prompt, 10 GbE. EXO did not publish the output length; the default
 `--output 32` is the length their generation times imply at the calibrated bandwidth
 efficiency (the derivation is in devices.toml).
+
+`--here` plans for this machine (device "here", the decode box unless named otherwise) and
+the served model (`--model`, default the embedded one): its shape from the GGUF, this
+machine measured with it (app/disagg/here.py). `--list` prints the known devices, links and
+models with their figures and sources.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import sys
 
 from app.commands.engine_flags import positive_int
+from models.registry import DEFAULT_MODEL
 
 EXO_OUTPUT_TOKENS = 32  # inferred, not published by EXO: see devices.toml
 
@@ -30,13 +36,28 @@ def register(subparsers) -> None:
         description="Predict prefill (compute-bound), decode (bandwidth-bound) and the KV "
                     "transfer, and say whether the second box pays for this workload. "
                     "Defaults: EXO Labs' Spark + M3 Ultra case; its --output is inferred "
-                    f"({EXO_OUTPUT_TOKENS}), EXO did not publish one.")
-    plan.add_argument("--prefill-device", default="spark", metavar="NAME",
+                    f"({EXO_OUTPUT_TOKENS}), EXO did not publish one. --here plans for this "
+                    "machine and the model you serve (measured, shape from its GGUF); --list "
+                    "shows the known devices, links and models with their sources.")
+    plan.add_argument("--prefill-device", default=None, metavar="NAME",
                       help="box that prefills in the split (default: spark)")
-    plan.add_argument("--decode-device", default="m3-ultra", metavar="NAME",
-                      help="box that decodes in the split (default: m3-ultra)")
-    plan.add_argument("--model", default="llama-3.1-8b", metavar="NAME",
-                      help="model shape (default: llama-3.1-8b)")
+    plan.add_argument("--decode-device", default=None, metavar="NAME",
+                      help="box that decodes in the split (default: m3-ultra; with --here: "
+                           "here, unless --prefill-device is here)")
+    plan.add_argument("--model", default=None, metavar="NAME",
+                      help="model shape: a name in devices.toml, else a served model (registry "
+                           "name or .gguf path) whose shape is read from its GGUF (default: "
+                           "llama-3.1-8b; with --here: the embedded model, "
+                           f"{DEFAULT_MODEL}, always from its GGUF)")
+    plan.add_argument("--here", action="store_true",
+                      help="add this machine as device 'here', measured with the --model "
+                           "GGUF (or its cached measurement) (default: off)")
+    plan.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                      help="with --here: CPU threads to measure with, as the served model "
+                           "will run (default: all available CPUs)")
+    plan.add_argument("--remeasure", action="store_true",
+                      help="with --here: measure again instead of reading the cached figures "
+                           "(measure on a quiet machine; default: off)")
     plan.add_argument("--prompt", type=positive_int, default=8192, metavar="TOKENS",
                       help="prompt length, tokens (default: 8192, EXO's)")
     plan.add_argument("--output", type=positive_int, default=EXO_OUTPUT_TOKENS,
@@ -48,6 +69,9 @@ def register(subparsers) -> None:
     plan.add_argument("--devices", default=None, metavar="FILE",
                       help="extra TOML merged over the built-in devices.toml: new names or "
                            "overridden fields (default: the built-in table only)")
+    plan.add_argument("--list", action="store_true",
+                      help="print the known devices, links and models with their figures "
+                           "and sources, and exit (default: off)")
     plan.add_argument("--json", action="store_true", help="print JSON (default: a table)")
     parser.set_defaults(func=run)
 
@@ -57,17 +81,93 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         catalog = load_catalog(args.devices)
-        result = plan(catalog.device(args.prefill_device), catalog.device(args.decode_device),
-                      catalog.model(args.model), catalog.link(args.link), args.prompt,
-                      args.output)
-    except (PlannerError, OSError) as exc:
+        if args.list:
+            print("\n".join(list_lines(catalog, args.devices)))
+            return 0
+        model, here = _model_and_here(args, catalog)
+        prefill = args.prefill_device or "spark"
+        decode = args.decode_device or ("here" if here and prefill != "here" else "m3-ultra")
+        result = plan(catalog.device(prefill), catalog.device(decode), model,
+                      catalog.link(args.link), args.prompt, args.output)
+    except (PlannerError, OSError, ValueError, ImportError) as exc:
         print(f"tandem: error: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        out = result.to_dict()
+        if here is not None:
+            out["model_shape"] = _fields(model)
+            out["here"] = _fields(here)
+        print(json.dumps(out, indent=2))
     else:
+        if here is not None:
+            for line in here_lines(model, here):
+                print(line)
         _table(result)
     return 0
+
+
+def _model_and_here(args, catalog):
+    """(the model shape, this machine as a Device or None). A served model is resolved
+    without fetching: plan for what is here."""
+    from app.disagg.here import here_device, measure, model_shape
+    from app.loader import display_name
+    from models.store import resolve_model
+
+    if not args.here:
+        for flag, value in (("--threads", args.threads), ("--remeasure", args.remeasure)):
+            if value not in (None, False):
+                raise ValueError(f"{flag} is for --here, which is not given")
+        name = args.model or "llama-3.1-8b"
+        if name in catalog.models:
+            return catalog.model(name), None
+        return model_shape(resolve_model(name, pull_missing=False), display_name(name)), None
+    name = args.model or DEFAULT_MODEL
+    path = resolve_model(name, pull_missing=False)
+    model = model_shape(path, display_name(name))
+    here = here_device(model, measure(path, threads=args.threads, remeasure=args.remeasure))
+    catalog.devices["here"] = here
+    return model, here
+
+
+def _fields(obj) -> dict:
+    from dataclasses import asdict
+
+    return asdict(obj)
+
+
+def here_lines(model, here) -> list[str]:
+    """What `--here` measured and read, before the table."""
+    kv = model.kv_bytes_per_token
+    return [
+        f"here: {here.description}: {here.source}; achieved {here.fp16_tflops:.3g} TFLOPS, "
+        f"{here.memory_bandwidth_gbs:.3g} GB/s",
+        f"model: {model.description}: {model.layers} layers, {model.heads} heads, "
+        f"{model.kv_heads} KV heads, head dim {model.head_dim}, KV f16: {kv:,.0f} B per token "
+        f"(2 x {model.layers} x {model.kv_heads} x {model.head_dim} x "
+        f"{model.kv_bytes_per_elem:g}); {model.params:,} parameters, "
+        f"{model.weight_bytes_per_param:.2f} B each",
+    ]
+
+
+def list_lines(catalog, extra=None) -> list[str]:
+    """`--list`: every device, link and model with its figures, then its source."""
+    origin = "devices.toml" + (f" + {extra}" if extra else "")
+    lines = [f"devices ({origin}):"]
+    for d in catalog.devices.values():
+        lines += [f"  {d.name}: {d.description}: {d.memory_bandwidth_gbs:g} GB/s, "
+                  f"{d.fp16_tflops:g} TFLOPS FP16, efficiency {d.compute_efficiency:g} compute, "
+                  f"{d.bandwidth_efficiency:g} bandwidth", f"    source: {d.source or '-'}"]
+    lines.append("links:")
+    for link in catalog.links.values():
+        lines += [f"  {link.name}: {link.description}: {link.usable_gbs:g} GB/s usable, "
+                  f"{link.latency_ms:g} ms one way", f"    source: {link.source or '-'}"]
+    lines.append("models:")
+    for m in catalog.models.values():
+        lines += [f"  {m.name}: {m.description}: {m.params:,} parameters, {m.layers} layers, "
+                  f"{m.kv_heads} KV heads x {m.head_dim}, KV {m.kv_bytes_per_token:,.0f} B "
+                  f"per token", f"    source: {m.source or '-'}"]
+    lines.append("(add or override entries with --devices FILE; --here adds this machine)")
+    return lines
 
 
 def _table(result) -> None:

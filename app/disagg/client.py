@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -30,7 +31,7 @@ from typing import Protocol
 import numpy as np
 
 from app.disagg.handshake import client_handshake
-from app.disagg.peer import PeerConfig
+from app.disagg.peer import PeerConfig, cpu_threads, is_this_host, thread_warning
 from app.disagg.policy import PrefillPolicy
 from app.disagg.wire import (
     MAX_PAYLOAD_BYTES,
@@ -80,6 +81,8 @@ class PrefillClient:
         n_layers, n_kv_heads, head_dim: the local KV shape every chunk must have.
         sink: receives chunks and outcomes (set later with `attach` if None).
     `policy` holds the estimates; `counters` counts outcomes ("ok", or the failure reason).
+    The first handshake with a worker on this machine compares its threads with this
+    process's and logs `peer.thread_warning` (once) when the two exceed the cores.
     """
 
     def __init__(self, peer: PeerConfig, fingerprint: ModelFingerprint, n_layers: int,
@@ -97,6 +100,8 @@ class PrefillClient:
         except (OSError, ValueError, AttributeError):
             pass  # none yet: the policy probes
         self.counters: dict[str, int] = {}
+        self.same_host = is_this_host(peer.host)
+        self._threads_checked = False
         self._jobs: dict[str, Future] = {}
         self._next_request = 0
         self._loop = asyncio.new_event_loop()
@@ -109,8 +114,8 @@ class PrefillClient:
 
     # -- RemotePrefill (called on the step thread) -----------------------------------------
 
-    def decide(self, num_tokens: int, num_cached: int) -> tuple[bool, str]:
-        return self.policy.decide(num_tokens, num_cached)
+    def decide(self, num_tokens: int, num_cached: int) -> tuple[bool, str, dict]:
+        return self.policy.decide_detail(num_tokens, num_cached)
 
     def observe_local(self, num_tokens: int, seconds: float) -> None:
         self.policy.observe_local(num_tokens, seconds)
@@ -197,10 +202,12 @@ class PrefillClient:
                 sock = writer.get_extra_info("socket")
                 if sock is not None:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                session = await client_handshake(reader, writer, p.secret, self.fingerprint)
+                session = await client_handshake(reader, writer, p.secret, self.fingerprint,
+                                                 cpu_threads(p.threads))
         except TimeoutError:
             raise _Deadline("connect_timeout", f"no handshake with {p.host}:{p.port} within "
                         f"{p.connect_timeout_s} s") from None
+        self._check_threads(session.peer_threads)
         key = conn.key = session.key
         stats["setup_s"] = time.perf_counter() - t0
         n_layers, heads, dim = self.shape
@@ -272,6 +279,17 @@ class PrefillClient:
         done = time.perf_counter() - t_sent
         stats["transfer_s"] = done
         _derive(stats, arrivals, burst_bps, done)
+
+    def _check_threads(self, peer_threads: int | None) -> None:
+        """Warn once if the worker shares this machine and the two over-subscribe it."""
+        if self._threads_checked or not self.same_host or peer_threads is None:
+            return
+        self._threads_checked = True
+        p = self.peer
+        line = thread_warning(p.host, p.port, cpu_threads(p.threads), peer_threads,
+                              os.cpu_count() or 1)
+        if line is not None:
+            log.warning(line)
 
     def _check_done(self, h: dict, request: int, stats: dict, pos: int, n: int,
                     partial: bool) -> None:

@@ -10,6 +10,11 @@ Spec: docs/two-box.md.
                             + sha256(msgpack(fp_c)) + sha256(msgpack(fp_s)))
     session key = HMAC-SHA256(secret, b"tandem-kv/1 session" + nonce_c + nonce_s)
 
+A fingerprint map may carry one key more than the model's fields: "threads", the sender's
+CPU threads (int), so that a decode box on the same machine as its worker can tell when the
+two over-subscribe the cores. A peer that does not know it ignores it (`from_dict` reads
+only the model's fields, and the proofs cover the map as sent).
+
 Either side that finds a problem sends ERROR {code, message} (tag key b"") and raises
 `ProtocolError`: "version", "auth" (wrong proof), "fingerprint" (`detail` = first differing
 field). Both proofs cover both nonces and both fingerprints, so neither a replayed proof nor
@@ -39,6 +44,19 @@ class Session:
 
     key: bytes
     peer: ModelFingerprint
+    peer_threads: int | None = None  # the peer's CPU threads, if it sent them
+
+
+def _with_threads(fingerprint: ModelFingerprint, threads: int | None) -> dict:
+    fp = fingerprint.to_dict()
+    if threads:
+        fp["threads"] = int(threads)
+    return fp
+
+
+def _threads(fp: dict) -> int | None:
+    n = fp.get("threads")
+    return n if type(n) is int and n > 0 else None
 
 
 def fingerprint_digest(fp: dict) -> bytes:
@@ -92,9 +110,11 @@ def _compare(mine: ModelFingerprint, theirs: dict) -> ModelFingerprint:
 
 
 async def client_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           secret: bytes, fingerprint: ModelFingerprint) -> Session:
-    """The decode box's side. Raises ProtocolError (code as in the module docstring)."""
-    fp_c = fingerprint.to_dict()
+                           secret: bytes, fingerprint: ModelFingerprint,
+                           threads: int | None = None) -> Session:
+    """The decode box's side (`threads`: its CPU threads, sent if given). Raises
+    ProtocolError (code as in the module docstring)."""
+    fp_c = _with_threads(fingerprint, threads)
     nonce_c = secrets.token_bytes(NONCE_BYTES)
     await write_frame(writer, encode_parts(FrameType.HELLO,
                                            {"nonce": nonce_c, "fingerprint": fp_c}))
@@ -111,17 +131,19 @@ async def client_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamW
         FrameType.AUTH, {"proof": proof(secret, b"client", nonce_c, nonce_s, fp_c, fp_s)}))
     key = session_key(secret, nonce_c, nonce_s)
     _expect(await read_frame(reader, key), FrameType.READY)
-    return Session(key, peer)
+    return Session(key, peer, _threads(fp_s))
 
 
 async def server_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           secret: bytes, fingerprint: ModelFingerprint) -> Session:
-    """The prefill worker's side. Raises ProtocolError after telling the peer why."""
+                           secret: bytes, fingerprint: ModelFingerprint,
+                           threads: int | None = None) -> Session:
+    """The prefill worker's side (`threads`: its CPU threads, sent if given). Raises
+    ProtocolError after telling the peer why."""
     try:
         h = _expect(await read_frame(reader), FrameType.HELLO)
     except ProtocolError as err:
         await _fail(writer, err)
-    fp_s = fingerprint.to_dict()
+    fp_s = _with_threads(fingerprint, threads)
     nonce_c, fp_c = h["nonce"], h["fingerprint"]
     nonce_s = secrets.token_bytes(NONCE_BYTES)
     await write_frame(writer, encode_parts(FrameType.CHALLENGE, {
@@ -139,4 +161,4 @@ async def server_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamW
         await _fail(writer, err)
     key = session_key(secret, nonce_c, nonce_s)
     await write_frame(writer, encode_parts(FrameType.READY, {}, key=key))
-    return Session(key, peer)
+    return Session(key, peer, _threads(fp_c))

@@ -49,6 +49,7 @@ class Device:
     fp16_tflops: float
     compute_efficiency: float
     bandwidth_efficiency: float
+    source: str = ""  # where the figures come from
 
     @property
     def flops_per_s(self) -> float:
@@ -70,6 +71,7 @@ class Link:
     description: str
     usable_gbs: float
     latency_ms: float
+    source: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,7 @@ class ModelShape:
     tied_embeddings: bool
     weight_bytes_per_param: float
     kv_bytes_per_elem: float
+    source: str = ""
 
     @property
     def embedding_params(self) -> int:
@@ -284,7 +287,7 @@ def _read(path: Path | None) -> dict[str, Any]:
 
 def _build(cls: type, name: str, entry: dict[str, Any], source: str):
     wanted = [f.name for f in fields(cls) if f.name != "name"]
-    entry = {"description": name, **entry}
+    entry = {"description": name, "source": "", **entry}
     unknown = sorted(set(entry) - set(wanted))
     missing = [key for key in wanted if key not in entry]
     if unknown or missing:
@@ -293,7 +296,10 @@ def _build(cls: type, name: str, entry: dict[str, Any], source: str):
                                missing and f"missing {', '.join(missing)}",
                                unknown and f"unknown {', '.join(unknown)}"])))
     for key, value in entry.items():
-        if key not in ("description", "tied_embeddings") and not (
+        if key in ("description", "source"):
+            if not isinstance(value, str):
+                raise PlannerError(f"{source}: {name}: {key} must be a string")
+        elif key != "tied_embeddings" and not (
                 isinstance(value, int | float) and not isinstance(value, bool) and value > 0):
             raise PlannerError(f"{source}: {name}: {key} must be a positive number, "
                                f"not {value!r}")

@@ -15,8 +15,9 @@ remote pay"). The worker recomputes the whole prompt, cached part included, unle
 own prefix cache has it, hence `n_total`. Every rate is an exponentially weighted mean of
 measurements: local prefills (the engine reports them), remote ones (the client's stats),
 setup = connect + handshake. Until both prefill rates are known a long enough prompt goes
-remote to measure the peer ("probe"), then one stays local to measure this box
-("probe_local"). The estimates outlive the process (`app.disagg.client` keeps them in the
+remote to measure the peer and the link ("probe"), then one stays local to measure this box
+("probe_local"). The reasons are codes (they label /metrics); `app.disagg.report` words
+them for people. The estimates outlive the process (`app.disagg.client` keeps them in the
 model store per peer and model), so `tandem run` does not probe every time.
 
 Circuit breaker: after a failure the peer is not tried for `backoff_s`, doubling with each
@@ -100,21 +101,57 @@ class PrefillPolicy:
         """(go remote?, reason) for a prompt needing KV for `n_total` positions of which
         `n_cached` are cached here. Reasons: "always", "faster", "probe" (remote);
         "short_prompt", "local_faster", "probe_local", "peer_backoff" (local)."""
+        return self.decide_detail(n_total, n_cached)[:2]
+
+    def decide_detail(self, n_total: int, n_cached: int) -> tuple[bool, str, dict]:
+        """`decide` plus the numbers behind it, for the route's words (`report`):
+        "uncached" tokens always; "min_tokens" (short_prompt); "local_s" and "remote_s",
+        the predicted seconds (faster, local_faster); "retry_s" (peer_backoff)."""
         n_uncached = n_total - n_cached
+        numbers: dict = {"uncached": n_uncached}
         with self._lock:
-            if self.clock() < self.open_until:
-                return False, "peer_backoff"
+            if (wait := self.open_until - self.clock()) > 0:
+                return False, "peer_backoff", {**numbers, "retry_s": wait}
             if self.config.mode == "always":
-                return True, "always"
+                return True, "always", numbers
             if n_uncached < self.config.min_tokens:
-                return False, "short_prompt"
+                return False, "short_prompt", {**numbers, "min_tokens": self.config.min_tokens}
             if self.remote_rate is None:
-                return True, "probe"
+                return True, "probe", numbers
             if self.local_rate is None:
-                return False, "probe_local"
-            times = self.predict(n_total, n_uncached)
-            local, remote = times
-            return (True, "faster") if remote * MARGIN < local else (False, "local_faster")
+                return False, "probe_local", numbers
+            local, remote = self.predict(n_total, n_uncached)
+            numbers.update(local_s=local, remote_s=remote)
+            go = remote * MARGIN < local
+            return go, "faster" if go else "local_faster", numbers
+
+    def remote_from(self, max_tokens: int) -> int | None:
+        """In "auto", the fewest uncached tokens (no prefix cached, at least min_tokens) from
+        which the current estimates send a prompt remote, or None when no prompt up to
+        `max_tokens` goes (or a prefill rate is still unknown). Beyond one chunk both
+        predictions grow linearly, so past the first length that goes, longer ones go too:
+        doubling finds it, bisection pins it."""
+        def goes(n: int) -> bool:
+            local, remote = self.predict(n, n)
+            return remote * MARGIN < local
+
+        with self._lock:
+            if self.local_rate is None or self.remote_rate is None:
+                return None
+            lo = self.config.min_tokens
+            if lo > max_tokens:
+                return None
+            if goes(lo):
+                return lo
+            hi = lo
+            while not goes(hi):
+                if hi >= max_tokens:
+                    return None
+                lo, hi = hi, min(2 * hi, max_tokens)
+            while hi - lo > 1:  # goes(hi), not goes(lo)
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if goes(mid) else (mid, hi)
+            return hi
 
     # -- observations ----------------------------------------------------------------------
 

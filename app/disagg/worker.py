@@ -55,13 +55,20 @@ class PrefillWorker:
         handshake_timeout_s: a peer must finish the handshake and send its PREFILL within
             this (a silent or garbage peer is dropped).
         max_payload: largest frame accepted (bytes).
+        threads: this worker's CPU threads, told to the decode box in the handshake (it
+            warns when both run on one machine and over-subscribe its cores).
+    Each finished request is logged (info) in one line: outcome, tokens sent, tokens
+    computed, KV bytes, seconds and GB/s, e.g. "prefill for 127.0.0.1:35184: done: 2047
+    tokens sent (2047 computed), 47.2 MB of KV in 14.61 s, 0.003 GB/s".
     `counters` counts requests by outcome ("done", "cancelled", "busy", "peer_error",
     "bad_request", "failed") for logs and tests.
     """
 
     def __init__(self, engine: LLMEngine, fingerprint: ModelFingerprint, secret: bytes,
-                 handshake_timeout_s: float = 10.0, max_payload: int = MAX_PAYLOAD_BYTES):
+                 handshake_timeout_s: float = 10.0, max_payload: int = MAX_PAYLOAD_BYTES,
+                 threads: int | None = None):
         self.engine = engine
+        self.threads = threads
         self.fingerprint = fingerprint
         self.secret = secret
         self.handshake_timeout_s = handshake_timeout_s
@@ -88,7 +95,8 @@ class PrefillWorker:
         peer = f"{addr[0]}:{addr[1]}"
         try:
             async with asyncio.timeout(self.handshake_timeout_s):
-                session = await server_handshake(reader, writer, self.secret, self.fingerprint)
+                session = await server_handshake(reader, writer, self.secret, self.fingerprint,
+                                                 self.threads)
                 frame = await read_frame(reader, session.key, self.max_payload)
             if frame.type != FrameType.PREFILL:
                 raise ProtocolError("type", f"expected PREFILL, got {frame.type.name}")
@@ -97,12 +105,14 @@ class PrefillWorker:
                 await self._error(writer, session.key, "busy", "prefilling for another peer")
                 return
             self._busy = True
+            summary: dict = {}
             try:
-                outcome = await self._prefill(frame.header, reader, writer, session.key)
+                outcome = await self._prefill(frame.header, reader, writer, session.key,
+                                              summary)
             finally:
                 self._busy = False
             self._count(outcome)
-            log.info("prefill for %s: %s", peer, outcome)
+            log.info("prefill for %s: %s", peer, transfer_line(outcome, summary))
         except (ProtocolError, TimeoutError, ConnectionError, OSError) as e:
             self._count("peer_error")
             log.info("peer %s dropped: %s", peer, e)
@@ -119,7 +129,9 @@ class PrefillWorker:
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def _prefill(self, h: dict, reader, writer, key: bytes) -> str:
+    async def _prefill(self, h: dict, reader, writer, key: bytes, summary: dict) -> str:
+        """Prefill one PREFILL request and stream its KV; returns the outcome. `summary`
+        gets tokens sent, computed, bytes and seconds (for the log line)."""
         tokens, start, chunk_tokens = h["tokens"], h["start"], h["chunk_tokens"]
         n = len(tokens)
         if not 0 <= start < n or chunk_tokens < 1:
@@ -137,10 +149,12 @@ class PrefillWorker:
         sending: asyncio.Task | None = None
         t0 = time.perf_counter()
         sent, chunks, frames, nbytes, computed = start, 0, 0, 0, 0
+        summary.update(tokens=0, computed=0, bytes=0)
         try:
             while sent < n and not gone.is_set():
                 upto, new = await self._run(self._step, rid, n)
                 computed += new
+                summary.update(tokens=sent - start, computed=computed, bytes=nbytes)
                 while sent < upto and not gone.is_set():
                     m = min(chunk_tokens, upto - sent)
                     kv = await self._run(self._export, rid, sent, m)
@@ -152,6 +166,7 @@ class PrefillWorker:
                     frames += len(kv)
                     nbytes += sum(k.nbytes + v.nbytes for k, v in kv)
                     sent += m
+                    summary.update(tokens=sent - start, computed=computed, bytes=nbytes)
             prefill_us = int((time.perf_counter() - t0) * 1e6)
             if sending is not None:
                 await sending
@@ -162,6 +177,7 @@ class PrefillWorker:
                 "computed": computed, "prefill_us": prefill_us}, key=key))
             return "done"
         finally:
+            summary["seconds"] = time.perf_counter() - t0
             watcher.cancel()
             if sending is not None and not sending.done():
                 sending.cancel()
@@ -200,3 +216,16 @@ class PrefillWorker:
         except (ProtocolError, ConnectionError, OSError):
             pass
         gone.set()
+
+
+def transfer_line(outcome: str, summary: dict) -> str:
+    """The log line's text after the peer: the outcome, then (once the prefill started)
+    tokens sent, tokens computed here (fewer when this worker's prefix cache had the start), KV
+    bytes (MB = 1e6 B), seconds from the request to its last frame, and bytes / seconds in
+    GB/s (1e9 B/s: what the link carried on average, compute included)."""
+    if "seconds" not in summary:  # refused before any work
+        return outcome
+    seconds = summary["seconds"]
+    rate = summary["bytes"] / seconds / 1e9 if seconds > 0 else 0.0
+    return (f"{outcome}: {summary['tokens']} tokens sent ({summary['computed']} computed), "
+            f"{summary['bytes'] / 1e6:.1f} MB of KV in {seconds:.2f} s, {rate:.3f} GB/s")

@@ -52,10 +52,12 @@ class RemotePrefill(Protocol):
     """The scheduler's view of a prefill peer. Every method is called on the step thread
     and must return at once (the work runs elsewhere)."""
 
-    def decide(self, num_tokens: int, num_cached: int) -> tuple[bool, str]:
-        """(go remote?, why): for a prompt whose KV is wanted for `num_tokens` positions,
-        `num_cached` of them already cached here. Reasons are short snake_case words
-        ("faster", "short_prompt", "peer_backoff", ...) counted in /metrics."""
+    def decide(self, num_tokens: int, num_cached: int) -> tuple[bool, str] | tuple[bool, str, dict]:
+        """(go remote?, why[, numbers]): for a prompt whose KV is wanted for `num_tokens`
+        positions, `num_cached` of them already cached here. Reasons are short snake_case
+        codes ("faster", "short_prompt", "peer_backoff", ...) counted in /metrics; the
+        optional numbers behind them (predicted seconds, ...) go into the route record
+        (`RequestMetrics.remote_prefill`) for `app.disagg.report` to put in words."""
         ...
 
     def begin(self, job: RemoteJob) -> None:

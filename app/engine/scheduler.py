@@ -189,10 +189,11 @@ class Scheduler:
         n = request.num_prompt_tokens - 1  # the last prompt token is always computed here
         if n <= num_cached:
             return False
-        go, reason = self.remote.decide(n, num_cached)
+        go, reason, *numbers = self.remote.decide(n, num_cached)
         if go and not self.block_manager.allocate(request, request.num_tokens):
             go, reason = False, "kv_full"
-        request.metrics.remote_prefill = {"remote": go, "reason": reason}
+        request.metrics.remote_prefill = {"remote": go, "reason": reason,
+                                          **(numbers[0] if numbers else {})}
         if not go:
             return False
         request.status = RequestStatus.REMOTE_PREFILL

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -122,6 +125,33 @@ def test_split_output_equals_single_box_cold(local, split, worker):
     assert info["bytes"] == (len(ids) - 1) * 30 * 2 * 3 * 64 * 2  # 23,040 B per token
     assert info["frames"] == 30 * info["chunks"]
     assert m.cached_tokens == 0
+    # the worker logs the transfer: tokens, tokens it computed, KV bytes, seconds, GB/s
+    n = len(ids) - 1
+    said = f": done: {n} tokens sent ({n} computed), {info['bytes'] / 1e6:.1f} MB of KV in "
+    wait_for(lambda: said in worker.log())
+    line = next(ln for ln in worker.log().splitlines() if said in ln)
+    found = re.fullmatch(r"tandem: prefill for 127\.0\.0\.1:\d+" + re.escape(said)
+                         + r"(\d+\.\d\d) s, (\d+\.\d\d\d) GB/s", line)
+    assert found, line
+    seconds, gbps = float(found[1]), float(found[2])
+    assert 0 < seconds < 60
+    assert gbps == pytest.approx(info["bytes"] / seconds / 1e9, abs=0.001 + gbps * 0.01)
+
+
+def test_worker_prints_everything_on_stderr(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "prefill-worker", "--port",
+                             str(port), "--threads", "1", "--ctx-size", "2048"],
+                            cwd=Path(__file__).resolve().parents[2], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        line = proc.stderr.readline()
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert line == (f"tandem: prefill worker for smollm2-135m-instruct listening on "
+                    f"127.0.0.1:{port} (loopback, no secret)\n")
+    assert out == ""
 
 
 def test_split_with_a_prompt_partly_in_the_prefix_cache(local, split, worker):
@@ -312,7 +342,7 @@ def test_decode_box_falls_back_from_a_bad_worker(local, split, behaviour, reason
     if behaviour == "fingerprint":
         assert m.remote_prefill["detail"].startswith("models differ in weights_digest: here '")
     if behaviour != "busy":  # the breaker now keeps prompts local for a while
-        assert client.decide(100, 0) == (False, "peer_backoff")
+        assert client.decide(100, 0)[:2] == (False, "peer_backoff")
 
 
 def test_unreachable_worker_falls_back(local, split):

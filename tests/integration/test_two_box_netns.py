@@ -46,6 +46,7 @@ def link():
 def secret_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("peer") / "peer.secret"
     path.write_text("s" * 64 + "\n")
+    path.chmod(0o600)  # a secret open to other users is refused
     return path
 
 

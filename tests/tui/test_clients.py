@@ -115,15 +115,17 @@ def test_status_line_and_helpers():
     assert format_status(spec).endswith(" │ drafts 45/60 accepted")
     assert "drafts" not in format_status(StatusInfo(spec=(0, 0)))
     remote = StatusInfo("llamacpp", "smol", "ready", prefill=route_summary(
-        {"remote": True, "reason": "faster", "ok": True, "imported_tokens": 2047,
+        {"remote": True, "reason": "probe", "ok": True, "imported_tokens": 2047,
          "bytes": 47_162_880}))
     assert format_status(remote).endswith(
-        " │ KV – │ prefilled remotely (faster: 2047 tokens, 47.2 MB of KV)")
+        " │ KV – │ prefilled remotely (first prompt: measuring the link: 2047 tokens, "
+        "47.2 MB of KV)")
     assert route_summary({"remote": True, "reason": "always", "ok": False,
                           "failure": "frame_timeout", "imported_tokens": 512}) == (
-        "remote prefill failed (frame_timeout) after 512 tokens")
-    assert route_summary({"remote": False, "reason": "short_prompt"}) == (
-        "prefilled here (short_prompt)")
+        "remote prefill failed (the worker stalled) after 512 tokens")
+    assert route_summary({"remote": False, "reason": "short_prompt", "uncached": 120,
+                          "min_tokens": 256}) == (
+        "prefilled here (short prompt: 120 new tokens, under 256)")
     assert route_summary(None) is None
     assert last_code_block("a\n```py\nx = 1\n```\nb\n~~~\ny\n~~~\n") == "y\n"
     assert last_code_block("no code") is None

@@ -214,9 +214,26 @@ def test_prefill_worker_off_loopback_needs_a_secret(tmp_path) -> None:
                                "machine's model to the network: pass --secret-file")
     short = tmp_path / "secret"
     short.write_text("tooshort\n")
+    short.chmod(0o600)
     r = tandem("prefill-worker", "--host", "0.0.0.0", "--secret-file", str(short))
     assert r.returncode == 2
     assert f"the secret in {short} is 8 bytes; at least 16 are needed" in r.stderr
+
+
+@pytest.mark.parametrize("command", [("prefill-worker",), ("run", "--prefill-peer", "10.0.0.2",
+                                                           "hello")])
+def test_a_world_readable_secret_is_refused_on_both_sides(tmp_path, command) -> None:
+    secret = tmp_path / "tandem-peer.secret"
+    secret.write_text("k" * 64 + "\n")
+    secret.chmod(0o644)  # what `> tandem-peer.secret` gives
+    r = tandem(*command, "--secret-file", str(secret))
+    line = (f"the secret file {secret} is open to other users (mode 0644); run: chmod 600 "
+            f"{secret}\n")
+    if command[0] == "prefill-worker":
+        assert (r.returncode, r.stderr) == (2, "tandem prefill-worker: " + line)
+    else:
+        assert r.returncode == 1
+        assert r.stderr.startswith("tandem: error: " + line)
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -153,3 +153,93 @@ def test_cli_table_and_errors(capsys, tmp_path) -> None:
                                        "m3-ultra, m4-max, rtx-4090, spark\n")
     assert main(["two-box", "plan", "--devices", str(tmp_path / "none.toml")]) == 1
     assert "none.toml" in capsys.readouterr().err
+
+
+# -- `--list` and `--here` --------------------------------------------------------------------
+
+
+def test_cli_list_prints_every_entry_with_its_figures_and_source(capsys) -> None:
+    assert main(["two-box", "plan", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == [
+        "devices (devices.toml):",
+        "  spark: NVIDIA DGX Spark (GB10, 128 GB LPDDR5x): 273 GB/s, 100 TFLOPS FP16, "
+        "efficiency 0.9 compute, 0.7 bandwidth",
+        "    source: bandwidth: NVIDIA DGX Spark spec sheet; FP16: EXO Labs blog; efficiencies "
+        "calibrated on EXO's Spark + M3 Ultra measurement"]
+    at = lines.index("links:")
+    assert lines[at + 3:at + 5] == [
+        "  10gbe: 10 Gigabit Ethernet (EXO's link): 1.15 GB/s usable, 0.1 ms one way",
+        "    source: assumed: TCP goodput at 92% of the 10 Gb/s line rate (~1.15 GB/s)"]
+    assert "  smollm2-135m-instruct: SmolLM2-135M-Instruct, GGUF Q4_1 (HuggingFaceTB/"\
+        "SmolLM2-135M-Instruct): 134,515,008 parameters, 30 layers, 3 KV heads x 64, KV 23,040 "\
+        "B per token" in lines
+    assert lines[-1] == ("(add or override entries with --devices FILE; --here adds this "
+                         "machine)")
+    names = [ln.split(":")[0].strip() for ln in lines
+             if ln.startswith("  ") and not ln.startswith("    ")]
+    assert names == [*CATALOG.devices, *CATALOG.links, *CATALOG.models]
+    assert all(ln != "    source: -" for ln in lines)  # every built-in entry cites one
+
+
+def test_here_reads_the_kv_geometry_from_the_gguf(embedded_model) -> None:
+    from app.disagg.here import model_shape
+
+    shape = model_shape(embedded_model, "smollm2-135m-instruct")
+    assert (shape.layers, shape.heads, shape.kv_heads, shape.head_dim, shape.hidden,
+            shape.vocab, shape.params, shape.tied_embeddings, shape.kv_bytes_per_elem) == (
+        30, 9, 3, 64, 576, 49152, 134_515_008, True, 2.0)
+    assert shape.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23_040
+    assert shape.weight_bytes_per_param == 96_576_768 / 134_515_008  # the tensors' bytes
+    # the hand-written table entry agrees with the file
+    table = CATALOG.model("smollm2-135m-instruct")
+    assert [getattr(shape, f) for f in ("params", "layers", "heads", "kv_heads", "head_dim",
+                                        "hidden", "vocab", "tied_embeddings")] == [
+        getattr(table, f) for f in ("params", "layers", "heads", "kv_heads", "head_dim",
+                                    "hidden", "vocab", "tied_embeddings")]
+
+
+def test_cli_here_on_the_embedded_model(embedded_model, monkeypatch, capsys) -> None:
+    import os
+    import platform
+
+    from app.disagg import here
+
+    # the measurement itself is timing (tests/integration/test_two_box_plan_here.py runs it)
+    monkeypatch.setattr(here, "measure", lambda path, threads=None, remeasure=False:
+                        here.Measured("llamacpp", 2, 0.010, 512, 2.0, True))
+    assert main(["two-box", "plan", "--here", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    shape = here.model_shape(embedded_model, "smollm2-135m-instruct")
+    assert {k: out["model_shape"][k] for k in ("layers", "kv_heads", "head_dim",
+                                               "kv_bytes_per_elem")} == {
+        "layers": 30, "kv_heads": 3, "head_dim": 64, "kv_bytes_per_elem": 2.0}
+    assert (out["model"], out["prefill_box"]["device"], out["decode_box"]["device"]) == (
+        "smollm2-135m-instruct", "spark", "here")
+    assert out["here"]["fp16_tflops"] == shape.prefill_flops(512) / 2.0 / 1e12
+    assert out["here"]["memory_bandwidth_gbs"] == shape.decode_bytes(128, 1) / 0.010 / 1e9
+    assert out["kv_bytes"] == 23_040 * 8192
+    # the decode step the planner predicts for this box is the one measured (128 of context)
+    assert out["decode_box"]["decode_s"] == pytest.approx(
+        0.010 * shape.decode_bytes(8192, 32) / shape.decode_bytes(128, 1))
+
+    assert main(["two-box", "plan", "--here", "--prefill-device", "here"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cpu = platform.processor() or platform.machine()
+    assert lines[:2] == [
+        f"here: this machine ({cpu}, {os.cpu_count()} cores, 2 threads, llamacpp): cached "
+        f"(--remeasure to measure again) with smollm2-135m-instruct: prefill 512 tokens in "
+        f"2.000 s (256 tok/s), decode 10.0 ms/token; achieved "
+        f"{shape.prefill_flops(512) / 2.0 / 1e12:.3g} TFLOPS, "
+        f"{shape.decode_bytes(128, 1) / 0.010 / 1e9:.3g} GB/s",
+        "model: smollm2-135m-instruct (SmolLM2-135M-Instruct.Q4_1.gguf): 30 layers, 9 heads, "
+        "3 KV heads, head dim 64, KV f16: 23,040 B per token (2 x 30 x 3 x 64 x 2); "
+        "134,515,008 parameters, 0.72 B each"]
+    assert "here alone" in lines[3] or any(ln.startswith("here alone") for ln in lines)
+    assert any(ln.startswith("split here -> m3-ultra") for ln in lines)
+
+
+def test_cli_here_flags_need_here(capsys) -> None:
+    assert main(["two-box", "plan", "--threads", "2"]) == 1
+    assert capsys.readouterr().err == ("tandem: error: --threads is for --here, which is not "
+                                       "given\n")

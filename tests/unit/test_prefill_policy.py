@@ -96,14 +96,32 @@ def test_policy_config_errors():
 def test_secret_file_errors(tmp_path):
     short = tmp_path / "short"
     short.write_text("abc\n")
+    short.chmod(0o600)
     with pytest.raises(PeerConfigError, match=r"the secret in .*short is 3 bytes; at least 16"):
         read_secret(short)
     with pytest.raises(PeerConfigError, match="cannot read the secret file .*missing: No such"):
         read_secret(tmp_path / "missing")
     good = tmp_path / "good"
     good.write_text("  " + "k" * 32 + "\n")
+    good.chmod(0o600)
     assert read_secret(good) == b"k" * 32
     assert read_secret(None) == b""
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_a_secret_open_to_other_users_is_refused(tmp_path, mode):
+    # as ssh refuses such a key: `> tandem-peer.secret` in a shell gives 0644
+    path = tmp_path / "tandem peer.secret"
+    path.write_text("k" * 64 + "\n")
+    path.chmod(mode)
+    with pytest.raises(PeerConfigError) as err:
+        read_secret(path)
+    assert str(err.value) == (f"the secret file {path} is open to other users (mode "
+                              f"{mode:04o}); run: chmod 600 '{path}'")
+    path.chmod(0o600)
+    assert read_secret(path) == b"k" * 64
+    path.chmod(0o400)
+    assert read_secret(path) == b"k" * 64
 
 
 def test_binding_or_peering_off_loopback_needs_a_secret():
