@@ -73,7 +73,22 @@ def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace
     return parser
 
 
+def _log_to_stderr() -> None:
+    """tandem's own loggers (`tandem.*`: two-box warnings, fallbacks) print on stderr as
+    `tandem: MESSAGE`, warnings and up unless a command sets another level (`serve
+    --log-level`)."""
+    import logging
+
+    logger = logging.getLogger("tandem")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("tandem: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _log_to_stderr()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the subcommand that was given them, so its --help is the pointer

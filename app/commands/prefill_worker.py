@@ -48,8 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="tandem: %(message)s",
-                        stream=sys.stderr)
+    # `app.cli.main` gave tandem's loggers their stderr handler (`tandem: MESSAGE`)
+    logging.getLogger("tandem").setLevel(args.log_level.upper())
     try:
         secret = read_secret(args.secret_file)
         check_bind(args.host, secret)

@@ -99,11 +99,9 @@ def run(args: argparse.Namespace) -> int:
     from app.server.limits import uvicorn_options
     from app.server.prefill_log import PrefillLog
 
-    # tandem's own loggers (two-box transfers and fallbacks) at the server's level
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("tandem: %(message)s"))
+    # tandem's own loggers (two-box transfers and fallbacks, long prefills) at the server's
+    # level; `app.cli.main` gave them their stderr handler
     logger = logging.getLogger("tandem")
-    logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if args.log_level == "trace" else args.log_level.upper())
     spec = args.model
     api_key = args.api_key if args.api_key is not None else os.environ.get("TANDEM_API_KEY")
