@@ -22,6 +22,7 @@ from app.server.context import ServerContext
 from app.server.errors import install_error_handlers
 from app.server.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestLimitsMiddleware
 from app.server.metrics import ServerMetrics
+from app.server.routes_responses import router as responses_router
 from models.registry import GenerationDefaults
 
 
@@ -76,6 +77,7 @@ def create_app(
     app.include_router(routes_chat.router)
     app.include_router(routes_completions.router)
     app.include_router(routes_misc.router)
+    app.include_router(responses_router)
     app.include_router(routes_misc.public)
     if api_key:  # added first: innermost, so CORS answers preflights without a key
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
