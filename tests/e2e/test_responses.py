@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterator
 
 import httpx
 import jsonschema
 import openai
 import pytest
 
-from tests.e2e.conftest import CTX_SIZE, Server
+from tests.e2e.conftest import CTX_SIZE, Server, _start_inprocess
 from tests.e2e.test_tools import SCHEMAS, TIME, WEATHER
 
 GREEDY = {"temperature": 0, "extra_body": {"repetition_penalty": 1}}
@@ -296,3 +297,31 @@ def test_hosted_service_fields_are_accepted(server: Server, client: openai.OpenA
         truncation="disabled", text={"verbosity": "low"},
         extra_body={**GREEDY["extra_body"], "client_metadata": {"x": "y"}})
     assert codex.output_text == plain.output_text and codex.metadata == {"a": "b"}
+
+
+@pytest.fixture
+def failing() -> Iterator[Server]:
+    """The fake engine failing on its third step (no model; it stays failed: one per test)."""
+    yield from _start_inprocess(None, fail_after=3)
+
+
+def test_error_after_the_stream_began_is_error_then_response_failed(failing: Server) -> None:
+    body = {"input": "hi", "max_output_tokens": 30, "stream": True}
+    with httpx.stream("POST", f"{failing.url}/v1/responses", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        frames = [f.split("\n") for f in r.read().decode().split("\n\n") if f]
+    assert all(f[0] == "event: " + json.loads(f[1][len("data: "):])["type"] for f in frames)
+    events = [json.loads(f[1][len("data: "):]) for f in frames]
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    error, failed = events[-2:]
+    assert error["code"] == "server_error" and "simulated backend error" in error["message"]
+    assert failed["response"]["status"] == "failed"
+    assert failed["response"]["error"] == {"code": "server_error", "message": error["message"]}
+
+
+def test_the_client_reads_a_failed_stream(failing: Server) -> None:
+    client = openai.OpenAI(base_url=f"{failing.url}/v1", api_key="none", max_retries=0)
+    typed = list(client.responses.create(model="fake-model", input="hi", stream=True,
+                                         max_output_tokens=30))
+    assert [e.type for e in typed[-2:]] == ["error", "response.failed"]
+    assert "simulated backend error" in typed[-1].response.error.message
