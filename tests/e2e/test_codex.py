@@ -31,7 +31,7 @@ from app.bench.server_process import free_port, running, wait_healthy
 from tests.conftest import store_model
 from tests.e2e.conftest import ROOT
 
-pytestmark = [pytest.mark.model, pytest.mark.slow]
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 CODEX_VERSION = "0.171.0"  # the version issue 28 captured
 NPM_PREFIX = Path.home() / ".cache" / "tandem-tests" / "npm" / "codex"
@@ -188,17 +188,21 @@ def test_codex_exec_finishes_a_turn_with_a_tool_call(codex_bin: Path, coder: str
     env = {**os.environ, "CODEX_HOME": str(home)}
     env.pop("OPENAI_API_KEY", None)
     start = time.monotonic()
-    done = subprocess.run(
-        [str(codex_bin), "exec", "--skip-git-repo-check",
-         "--dangerously-bypass-approvals-and-sandbox", "-C", str(work), TASK],
-        capture_output=True, text=True, timeout=3000, env=env, stdin=subprocess.DEVNULL)
-    trace = {"exit_code": done.returncode, "wall_s": round(time.monotonic() - start, 1),
-             "stdout": done.stdout[-4000:], "stderr": done.stderr[-4000:],
-             "turns": [{"status": c["status"], "ttft_s": c["ttft_s"], "usage": c["usage"],
-                        "input_items": [i.get("type", "message") for i in
-                                        (c["body"] or {}).get("input", [])],
-                        "output": c.get("output"), "events": sorted(set(c["events"]))}
-                       for c in rec.calls]}
+    try:
+        done = subprocess.run(
+            [str(codex_bin), "exec", "--skip-git-repo-check",
+             "--dangerously-bypass-approvals-and-sandbox", "-C", str(work), TASK],
+            capture_output=True, text=True, timeout=3000, env=env, stdin=subprocess.DEVNULL)
+    finally:
+        trace = {"wall_s": round(time.monotonic() - start, 1),
+                 "turns": [{"status": c["status"], "ttft_s": c["ttft_s"], "usage": c["usage"],
+                            "input_items": [i.get("type", "message") for i in
+                                            (c["body"] or {}).get("input", [])],
+                            "output": c.get("output"), "events": sorted(set(c["events"]))}
+                           for c in rec.calls]}
+        (tmp_path / "codex-trace.json").write_text(json.dumps(trace, indent=2))
+    trace.update(exit_code=done.returncode, stdout=done.stdout[-4000:],
+                 stderr=done.stderr[-4000:])
     (tmp_path / "codex-trace.json").write_text(json.dumps(trace, indent=2))
     print(json.dumps(trace, indent=2))
     assert done.returncode == 0, done.stderr[-2000:]
