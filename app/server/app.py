@@ -23,6 +23,7 @@ from app.server.errors import install_error_handlers
 from app.server.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestLimitsMiddleware
 from app.server.metrics import ServerMetrics
 from app.server.routes_embeddings import router as embeddings_router
+from app.server.routes_responses import router as responses_router
 from models.registry import GenerationDefaults
 
 
@@ -78,6 +79,7 @@ def create_app(
     app.include_router(routes_completions.router)
     app.include_router(routes_misc.router)
     app.include_router(embeddings_router)
+    app.include_router(responses_router)
     app.include_router(routes_misc.public)
     app.include_router(routes_ollama.router)
     if api_key:  # added first: innermost, so CORS answers preflights without a key

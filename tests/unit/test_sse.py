@@ -40,3 +40,12 @@ def test_the_text_must_appear_exactly_once():
         SSETemplate(lambda text: dict(BASE))
     with pytest.raises(ValueError, match="exactly once"):
         SSETemplate(lambda text: {"a": text, "b": text})
+
+
+def test_a_named_event_has_its_event_line_then_one_data_line():
+    from app.server.sse import sse_named
+
+    event = {"type": "response.output_text.delta", "sequence_number": 4, "delta": "a\nb"}
+    assert sse_named(event, event["type"]) == (
+        b'event: response.output_text.delta\n'
+        b'data: {"type":"response.output_text.delta","sequence_number":4,"delta":"a\\nb"}\n\n')
