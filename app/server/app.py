@@ -22,6 +22,7 @@ from app.server.context import ServerContext
 from app.server.errors import install_error_handlers
 from app.server.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestLimitsMiddleware
 from app.server.metrics import ServerMetrics
+from app.server.routes_messages import router as messages_router
 from models.registry import GenerationDefaults
 
 
@@ -75,6 +76,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(routes_chat.router)
     app.include_router(routes_completions.router)
+    app.include_router(messages_router)
     app.include_router(routes_misc.router)
     app.include_router(routes_misc.public)
     if api_key:  # added first: innermost, so CORS answers preflights without a key

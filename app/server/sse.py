@@ -21,6 +21,12 @@ def sse(obj: dict[str, Any]) -> bytes:
     return ServerSentEvent(_JSON.encode(obj), sep=SEP).encode()
 
 
+def sse_event(name: str, obj: dict[str, Any]) -> bytes:
+    """One named event (`event: name` then `data: {json}`), as Anthropic's and OpenAI's
+    Responses streams frame theirs."""
+    return ServerSentEvent(_JSON.encode(obj), event=name, sep=SEP).encode()
+
+
 SSE_DONE = ServerSentEvent("[DONE]", sep=SEP).encode()
 
 
