@@ -172,7 +172,8 @@ def test_tool_loop_with_tool_result(server: Server, claude: anthropic.Anthropic)
                                          tool_choice={"type": "none"})
     assert count.input_tokens > alone.input_tokens + 10  # the call and its result are in it
     # `any` makes a call too
-    anyone = _create(claude, server, **{**kw, "tool_choice": {"type": "any"}})
+    anyone = _create(claude, server, **{**kw, "tool_choice": {
+        "type": "any", "disable_parallel_tool_use": True}})
     assert anyone.stop_reason == "tool_use"
     assert {b.name for b in anyone.content if b.type == "tool_use"} <= {"get_weather",
                                                                          "get_time"}
