@@ -9,7 +9,7 @@ GGUF file or registry model instead). The install is cached in `TANDEM_NPM_CACHE
 
 Claude Code is run as the README says: `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY`, the
 served model's name for every model slot, non-essential traffic off, and `--bare --tools
-Read` (its minimal system prompt and one tool: ~550 prompt tokens instead of ~18K, so the
+Read` (its minimal system prompt and one tool: ~550 prompt tokens instead of ~11.6K, so the
 first turn's prefill takes seconds, not minutes, on a CPU).
 """
 
@@ -142,7 +142,8 @@ def run_claude(claude_bin: Path, url: str, model: str, tmp_path: Path, prompt: s
            "ANTHROPIC_DEFAULT_HAIKU_MODEL": model, "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
            "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
-           "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(CTX), "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "4096"}
+           "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(CTX), "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "4096",
+           "API_TIMEOUT_MS": "3600000"}  # a CPU's first turn may outlast the default 10 min
     recorder = Recorder(url)
     with recorder as proxy:
         env["ANTHROPIC_BASE_URL"] = proxy
