@@ -75,7 +75,7 @@ from app.server.schemas_messages import (
     parse,
     validation_400,
 )
-from app.server.sse import sse_event
+from app.server.sse import sse_named
 from app.server.tools import prompt_messages
 from app.tool_calls import CallArgs, CallStart, TextDelta, Tool, ToolChoice
 
@@ -323,6 +323,11 @@ async def messages(request: Request, ctx: Ctx, body: JSONObject) -> Response:
                          lambda states: _message(head, states[0], req.max_tokens))
 
 
+def _event(obj: dict[str, Any]) -> bytes:
+    """One streamed event: Anthropic names each after its data's `type`."""
+    return sse_named(obj, obj["type"])
+
+
 def _stop_reason(state: ChoiceState, max_tokens: int) -> str:
     if state.finish_reason == "stop" and state.stop_sequence is not None:
         return "stop_sequence"
@@ -354,17 +359,17 @@ async def _events(ctx: ServerContext, streams: list[Any], job: Job, head: dict[s
     start = {**head, "content": [], "stop_reason": None, "stop_sequence": None,
              "usage": {"input_tokens": len(job.prompt_ids), "cache_creation_input_tokens": 0,
                        "cache_read_input_tokens": 0, "output_tokens": 0}}
-    yield sse_event("message_start", {"type": "message_start", "message": start})
-    yield sse_event("ping", {"type": "ping"})
+    yield _event({"type": "message_start", "message": start})
+    yield _event({"type": "ping"})
     index, kind = -1, None  # the open block's index and type
 
     def stop_block() -> bytes:
-        return sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
+        return _event({"type": "content_block_stop", "index": index})
 
     try:
         async for e in _with_pings(chat_events(ctx, streams, job), PING_INTERVAL_S):
             if e is None:
-                yield sse_event("ping", {"type": "ping"})
+                yield _event({"type": "ping"})
             elif isinstance(e, TextDelta):
                 if not e.text:
                     continue
@@ -372,39 +377,39 @@ async def _events(ctx: ServerContext, streams: list[Any], job: Job, head: dict[s
                     if kind is not None:
                         yield stop_block()
                     index, kind = index + 1, "text"
-                    yield sse_event("content_block_start", {
+                    yield _event({
                         "type": "content_block_start", "index": index,
                         "content_block": {"type": "text", "text": ""}})
-                yield sse_event("content_block_delta", {
+                yield _event({
                     "type": "content_block_delta", "index": index,
                     "delta": {"type": "text_delta", "text": e.text}})
             elif isinstance(e, CallStart):
                 if kind is not None:
                     yield stop_block()
                 index, kind = index + 1, "tool_use"
-                yield sse_event("content_block_start", {
+                yield _event({
                     "type": "content_block_start", "index": index,
                     "content_block": {"type": "tool_use", "id": f"toolu_{e.uid}",
                                       "name": e.name, "input": {}}})
             elif isinstance(e, CallArgs):
-                yield sse_event("content_block_delta", {
+                yield _event({
                     "type": "content_block_delta", "index": index,
                     "delta": {"type": "input_json_delta", "partial_json": e.fragment}})
             elif isinstance(e, Finished):
                 if kind is not None:
                     yield stop_block()
                 state = e.state
-                yield sse_event("message_delta", {
+                yield _event({
                     "type": "message_delta",
                     "delta": {"stop_reason": _stop_reason(state, max_tokens),
                               "stop_sequence": state.stop_sequence},
                     "usage": _usage(state)})
-                yield sse_event("message_stop", {"type": "message_stop"})
+                yield _event({"type": "message_stop"})
     except Exception as exc:
         if not isinstance(exc, APIError):
             exc = APIError(500, f"Internal server error: {type(exc).__name__}: {exc}",
                            "server_error")
-        yield sse_event("error", exc.body(ANTHROPIC_PREFIX))
+        yield _event(exc.body(ANTHROPIC_PREFIX))
 
 
 async def _with_pings(events: AsyncIterator[Any], interval: float) -> AsyncIterator[Any]:

@@ -21,10 +21,10 @@ def sse(obj: dict[str, Any]) -> bytes:
     return ServerSentEvent(_JSON.encode(obj), sep=SEP).encode()
 
 
-def sse_event(name: str, obj: dict[str, Any]) -> bytes:
-    """One named event (`event: name` then `data: {json}`), as Anthropic's and OpenAI's
-    Responses streams frame theirs."""
-    return ServerSentEvent(_JSON.encode(obj), event=name, sep=SEP).encode()
+def sse_named(obj: dict[str, Any], event: str) -> bytes:
+    """One event named `event` (an `event:` line, then `data:` with `obj` as compact JSON),
+    as the Responses API frames its events."""
+    return ServerSentEvent(_JSON.encode(obj), event=event, sep=SEP).encode()
 
 
 SSE_DONE = ServerSentEvent("[DONE]", sep=SEP).encode()
