@@ -7,7 +7,8 @@ Both also answer with a query string (`?beta=true`, what Claude Code sends). Req
 the result with "Error: "), `thinking` blocks are dropped; `image` and `document` blocks are
 a 400 (the served models take text only). `tools` with `input_schema` are offered as
 functions; Anthropic's server tools (any other `type`, e.g. `web_search_20250305`) are not
-offered and a `tool_choice` naming one is a 400. `tool_choice`: `auto`, `any` (at least one
+offered and a `tool_choice` naming one is a 400; a tool with `defer_loading` is offered once a
+`tool_reference` block in a tool result names it (Claude Code's tool search). `tool_choice`: `auto`, `any` (at least one
 call), `tool` (that one), `none`; `disable_parallel_tool_use` allows one call at most.
 `output_config.format` (or the beta `output_format`) constrains the reply to its JSON schema.
 
@@ -38,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Request
@@ -70,6 +71,7 @@ from app.server.schemas_messages import (
     ToolChoiceAny,
     ToolChoiceNone,
     ToolChoiceTool,
+    ToolReferenceBlock,
     ToolResultBlock,
     ToolUseBlock,
     parse,
@@ -97,6 +99,8 @@ def _text(blocks: list[Any], where: str) -> str:
     for j, b in enumerate(blocks):
         if isinstance(b, TextBlock):
             texts.append(b.text)
+        elif isinstance(b, ToolReferenceBlock):
+            texts.append(f"Tool {b.tool_name} is now available.")
         elif not isinstance(b, ThinkingBlock):
             raise _text_only(b, f"{where}.{j}")
     return "\n".join(texts)
@@ -194,14 +198,24 @@ def _user(blocks: list[Any], where: str, names: dict[str, str]) -> list[dict[str
     return turns or [{"role": "user", "content": ""}]
 
 
-def parse_tools(value: list[dict[str, Any]] | None) -> tuple[list[Tool], set[str]]:
-    """(the custom tools as functions, the names of server tools, which are not offered).
+def referenced_tools(body: CountTokensRequest) -> set[str]:
+    """The names in the `tool_reference` blocks of the messages' tool results."""
+    return {r.tool_name for m in body.messages if isinstance(m.content, list)
+            for b in m.content if isinstance(b, ToolResultBlock) and isinstance(b.content, list)
+            for r in b.content if isinstance(r, ToolReferenceBlock)}
+
+
+def parse_tools(value: list[dict[str, Any]] | None, loaded: Collection[str] = ()
+                ) -> tuple[list[Tool], set[str]]:
+    """(the custom tools offered, as functions; the names of server tools, not offered).
 
     A custom tool (no `type`, or `"custom"`) needs `name` (1 to 128 letters, digits, `_` or
-    `-`, unique) and `input_schema` (a JSON Schema of type object). Raises APIError 400
-    naming `tools.N....`."""
+    `-`, unique) and `input_schema` (a JSON Schema of type object). One with
+    `defer_loading: true` is offered only once a tool search's result referenced it (its
+    name in `loaded`), as Anthropic does. Raises APIError 400 naming `tools.N....`."""
     tools: list[Tool] = []
     server: set[str] = set()
+    names: set[str] = set()
     for i, item in enumerate(value or []):
         kind = item.get("type")
         if kind not in (None, "custom"):
@@ -215,10 +229,12 @@ def parse_tools(value: list[dict[str, Any]] | None) -> tuple[list[Tool], set[str
         if not _TOOL_NAME.match(spec.name):
             raise bad_request(f"tools.{i}.name: String should match pattern "
                               f"'{_TOOL_NAME.pattern}'")
-        if spec.name in {t.name for t in tools}:
+        if spec.name in names:
             raise bad_request(f"tools: Tool names must be unique (duplicate: {spec.name!r})")
+        names.add(spec.name)
         schema = _input_schema(spec.input_schema, f"tools.{i}.input_schema")
-        tools.append(Tool(spec.name, spec.description, schema))
+        if not spec.defer_loading or spec.name in loaded:
+            tools.append(Tool(spec.name, spec.description, schema))
     return tools, server
 
 
@@ -265,7 +281,7 @@ def chat_input(body: CountTokensRequest, max_tokens: int | None = None,
     for name in REFUSED_FIELDS:
         if getattr(body, name) is not None:
             raise bad_request(f"{name}: this server does not support '{name}'.")
-    tools, server = parse_tools(body.tools)
+    tools, server = parse_tools(body.tools, referenced_tools(body))
     choice, parallel = _tool_choice(body, tools, server)
     fmt = (body.output_config.format if body.output_config else None) or body.output_format
     response_format = None

@@ -73,7 +73,16 @@ class ToolUseBlock(_Part):
     input: dict[str, Any]
 
 
-ResultBlock = Annotated[TextBlock | ImageBlock | DocumentBlock, Field(discriminator="type")]
+class ToolReferenceBlock(_Part):
+    """In a tool search's result: the tool `tool_name` (sent with `defer_loading`) is now
+    offered to the model."""
+
+    type: Literal["tool_reference"]
+    tool_name: str
+
+
+ResultBlock = Annotated[TextBlock | ImageBlock | DocumentBlock | ToolReferenceBlock,
+                        Field(discriminator="type")]
 
 
 class ToolResultBlock(_Part):
@@ -140,6 +149,7 @@ class CustomTool(_Part):
     name: str
     description: str | None = None
     input_schema: dict[str, Any]
+    defer_loading: bool | None = None  # offered once a tool_reference names it
 
 
 class CountTokensRequest(_Body):

@@ -230,6 +230,25 @@ def test_client_fields_are_accepted(server: Server, claude: anthropic.Anthropic)
             == claude.messages.count_tokens(model=server.model, messages=without))
 
 
+def test_deferred_tools_are_offered_once_referenced(server: Server,
+                                                    claude: anthropic.Anthropic) -> None:
+    """Claude Code's tool search: a tool with `defer_loading` joins the prompt once a
+    `tool_reference` in a tool result names it."""
+    def count(messages: list, tools: list) -> int:
+        return claude.messages.count_tokens(model=server.model, messages=messages,
+                                            tools=tools).input_tokens
+
+    deferred = [TOOLS[0], {**TOOLS[1], "defer_loading": True}]
+    assert count(ASK, deferred) == count(ASK, TOOLS[:1])
+    found = [*ASK, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+         "input": {"city": "Paris", "days": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": [{"type": "tool_reference",
+                                                   "tool_name": "get_time"}]}]}]
+    assert count(found, deferred) == count(found, TOOLS) > count(found, TOOLS[:1])
+
+
 def test_output_config_format_is_applied(server: Server, claude: anthropic.Anthropic) -> None:
     m = _create(claude, server, messages=WEATHER_ASK, max_tokens=80,
                 output_config={"format": {"type": "json_schema", "schema": WEATHER}})
