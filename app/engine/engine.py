@@ -565,6 +565,8 @@ class LLMEngine:
             finish_reason=request.finish_reason if finished else None,
             logprobs=logprobs,
             metrics=request.metrics,
+            stop_sequence=(request.detokenizer.stop_matched
+                           if finished and request.detokenizer is not None else None),
         )
 
     def close(self) -> None:

@@ -182,7 +182,8 @@ class RequestOutput:
 
     `text` is the new text since the previous output, never containing a stop string or half
     a UTF-8 character; `token_ids` the new tokens (including any whose text is held back).
-    `finish_reason` is `"stop"`, `"length"` or `"abort"` on the last output, else None.
+    `finish_reason` is `"stop"`, `"length"` or `"abort"` on the last output, else None;
+    `stop_sequence` is the stop string that ended the request (finish "stop"), else None.
     """
 
     request_id: str
@@ -192,6 +193,7 @@ class RequestOutput:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     metrics: RequestMetrics | None = None
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from app.server.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestLimitsMiddl
 from app.server.metrics import ServerMetrics
 from app.server.routes_embeddings import router as embeddings_router
 from app.server.routes_responses import router as responses_router
+from app.server.routes_messages import router as messages_router
 from models.registry import GenerationDefaults
 
 
@@ -77,6 +78,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(routes_chat.router)
     app.include_router(routes_completions.router)
+    app.include_router(messages_router)
     app.include_router(routes_misc.router)
     app.include_router(embeddings_router)
     app.include_router(responses_router)

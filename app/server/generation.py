@@ -60,7 +60,7 @@ class ChoiceState:
     """Accumulated output of one choice. With a tool parser, `text_parts` holds only the
     text outside tool calls, `events` the parser's events of the latest output (each API
     renders them), `tool_calls` the calls so far; a choice that ends ("stop") with calls
-    has `finish_reason` "tool_calls"."""
+    has `finish_reason` "tool_calls". `stop_sequence`: the stop string that ended it."""
 
     job: Job
     text_parts: list[str] = field(default_factory=list)
@@ -70,6 +70,7 @@ class ChoiceState:
     metrics: RequestMetrics | None = None
     events: list[Event] = field(default_factory=list)
     parser: ToolCallParser | None = None
+    stop_sequence: str | None = None
 
     def __post_init__(self) -> None:
         if self.parser is None and self.job.tool_parser is not None:
@@ -89,6 +90,7 @@ class ChoiceState:
             self.logprobs.extend(out.logprobs)
         if out.finished:
             self.finish_reason = out.finish_reason
+            self.stop_sequence = out.stop_sequence
             if self.tool_calls and out.finish_reason == "stop":
                 self.finish_reason = "tool_calls"
             self.metrics = out.metrics
