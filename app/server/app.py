@@ -23,8 +23,8 @@ from app.server.errors import install_error_handlers
 from app.server.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestLimitsMiddleware
 from app.server.metrics import ServerMetrics
 from app.server.routes_embeddings import router as embeddings_router
-from app.server.routes_responses import router as responses_router
 from app.server.routes_messages import router as messages_router
+from app.server.routes_responses import router as responses_router
 from models.registry import GenerationDefaults
 
 
