@@ -1,6 +1,6 @@
 """The README's client examples, run as written against a real `tandem serve`.
 
-Every fenced block of README.md that talks to the example server (`127.0.0.1:8000`, key
+Every fenced block of README.md (and docs/apis.md, which it links) that talks to the example server (`127.0.0.1:8000`, key
 `secret`) is taken from the README itself — not copied here — and run: Python blocks with
 this interpreter (which has the `client` extra's packages: `openai`, `anthropic`,
 `ollama`), `curl` commands of bash blocks with curl. The server is the embedded model on a
@@ -26,9 +26,13 @@ EXAMPLE_URL = "127.0.0.1:8000"
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
 
 
+DOCS = ("README.md", "docs/apis.md")
+
+
 def readme_blocks(lang: str) -> list[str]:
-    """README.md's fenced `lang` blocks that talk to the example server."""
-    text = (ROOT / "README.md").read_text()
+    """The fenced `lang` blocks of README.md and docs/apis.md that talk to the example
+    server."""
+    text = "\n".join((ROOT / doc).read_text() for doc in DOCS)
     return [body for tag, body in FENCE.findall(text) if tag == lang and EXAMPLE_URL in body]
 
 
