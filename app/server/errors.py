@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -104,6 +105,43 @@ def api_shape(path: str) -> str:
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     """400 invalid_request_error."""
     return APIError(400, message, INVALID_REQUEST, param, code)
+
+
+def json_type_name(value: Any) -> str:
+    """The JSON name of a Python value's type, as OpenAI's messages say it ("object", ...)."""
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
+            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def invalid_type(param: str, expected: str, value: Any) -> APIError:
+    """400 `invalid_type`, OpenAI's wording: "Invalid type for 'p': expected X, but got Y."."""
+    return bad_request(f"Invalid type for '{param}': expected {expected}, but got "
+                       f"{json_type_name(value)}.", param=param, code="invalid_type")
+
+
+def missing_parameter(param: str) -> APIError:
+    """400 `missing_required_parameter`, OpenAI's wording."""
+    return bad_request(f"Missing required parameter: '{param}'.", param=param,
+                       code="missing_required_parameter")
+
+
+def invalid_value(param: str, reason: str, code: str = "invalid_value") -> APIError:
+    """400 "Invalid value for 'p': REASON" with `code` (default `invalid_value`)."""
+    return bad_request(f"Invalid value for '{param}': {reason}", param=param, code=code)
+
+
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function and schema names
+
+
+def checked_name(value: Any, where: str) -> str:
+    """A function's or schema's name at `where`, checked against OpenAI's rule. Raises
+    APIError 400 (missing, or not 1 to 64 letters, digits, underscores or dashes)."""
+    if value is None:
+        raise missing_parameter(where)
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise invalid_value(where, "expected 1 to 64 letters, digits, underscores or dashes "
+                            f"(got {value!r}).")
+    return value
 
 
 def context_length_exceeded(prompt_tokens: int, context_length: int, param: str) -> APIError:

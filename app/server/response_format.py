@@ -16,32 +16,18 @@ engine cannot enforce has `param: "response_format"` and code `invalid_json_sche
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any
 
 from app.engine.constrain import CompiledGrammar, GrammarError, ResponseFormat
-from app.server.errors import APIError, bad_request
+from app.server.errors import bad_request, checked_name
+from app.server.errors import invalid_type as _invalid_type
+from app.server.errors import json_type_name as _type_name
+from app.server.errors import missing_parameter as _missing
 
 TYPES = ("text", "json_object", "json_schema")
-_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for json_schema.name
 # request fields of tool calling, refused until tools are implemented (never ignored)
 UNSUPPORTED_TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions",
                            "function_call")
-
-
-def _type_name(value: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
-            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
-
-
-def _invalid_type(param: str, expected: str, value: Any) -> APIError:
-    return bad_request(f"Invalid type for '{param}': expected {expected}, but got "
-                       f"{_type_name(value)}.", param=param, code="invalid_type")
-
-
-def _missing(param: str) -> APIError:
-    return bad_request(f"Missing required parameter: '{param}'.", param=param,
-                       code="missing_required_parameter")
 
 
 def parse_response_format(value: Any) -> ResponseFormat | None:
@@ -69,14 +55,7 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
         raise _missing("response_format.json_schema")
     if not isinstance(spec, dict):
         raise _invalid_type("response_format.json_schema", "an object", spec)
-    name = spec.get("name")
-    if name is None:
-        raise _missing("response_format.json_schema.name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise bad_request(
-            "Invalid value for 'response_format.json_schema.name': expected 1 to 64 letters, "
-            f"digits, underscores or dashes (got {name!r}).",
-            param="response_format.json_schema.name", code="invalid_value")
+    name = checked_name(spec.get("name"), "response_format.json_schema.name")
     strict = spec.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise _invalid_type("response_format.json_schema.strict", "a boolean", strict)

@@ -38,9 +38,12 @@ from pydantic import Field
 
 from app.engine.constrain import GrammarError
 from app.engine.constrain.grammar import check_schema
-from app.server.errors import APIError, bad_request
+from app.server.errors import APIError, bad_request, checked_name
+from app.server.errors import invalid_type as _invalid_type
+from app.server.errors import invalid_value as _invalid
+from app.server.errors import json_type_name as _type_name
+from app.server.errors import missing_parameter as _missing
 from app.server.schemas import Int64, SamplingFields, TokenCount, _Body
-from app.server.tools import _NAME, _invalid, _invalid_type, _missing, _type_name
 from app.tool_calls import Tool, ToolChoice
 
 # Tools OpenAI runs itself (platform.openai.com/docs/api-reference/responses/create, `tools`):
@@ -163,12 +166,7 @@ def flat_name(namespace: str, name: str) -> str:
 
 
 def _function(item: dict[str, Any], where: str) -> Tool:
-    name = item.get("name")
-    if name is None:
-        raise _missing(f"{where}.name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise _invalid(f"{where}.name", "expected 1 to 64 letters, digits, underscores or "
-                       f"dashes (got {name!r}).")
+    name = checked_name(item.get("name"), f"{where}.name")
     description = item.get("description")
     if description is not None and not isinstance(description, str):
         raise _invalid_type(f"{where}.description", "a string", description)
@@ -226,12 +224,7 @@ def parse_tools(value: Any) -> ToolSet:
         if kind == "function":
             add(_function(item, where), where, None)
         elif kind == "namespace":
-            ns = item.get("name")
-            if ns is None:
-                raise _missing(f"{where}.name")
-            if not isinstance(ns, str) or not _NAME.match(ns):
-                raise _invalid(f"{where}.name", "expected 1 to 64 letters, digits, "
-                               f"underscores or dashes (got {ns!r}).")
+            ns = checked_name(item.get("name"), f"{where}.name")
             inner = item.get("tools")
             if not isinstance(inner, list):
                 raise _invalid_type(f"{where}.tools", "an array", inner)
@@ -415,12 +408,7 @@ def response_format(text: Any) -> dict[str, Any] | None:
     if kind != "json_schema":
         raise _invalid("text.format.type", f"{kind!r}. Supported values are: 'text', "
                        "'json_object', and 'json_schema'.")
-    name = fmt.get("name")
-    if name is None:
-        raise _missing("text.format.name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise _invalid("text.format.name", "expected 1 to 64 letters, digits, underscores or "
-                       f"dashes (got {name!r}).")
+    name = checked_name(fmt.get("name"), "text.format.name")
     strict = fmt.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise _invalid_type("text.format.strict", "a boolean", strict)

@@ -19,37 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from app.engine.constrain import CompiledGrammar, GrammarError
 from app.engine.constrain.grammar import check_schema
-from app.server.errors import APIError, bad_request
+from app.server.errors import bad_request, checked_name
+from app.server.errors import invalid_type as _invalid_type
+from app.server.errors import invalid_value as _invalid
+from app.server.errors import json_type_name as _type_name
+from app.server.errors import missing_parameter as _missing
 from app.tool_calls import CallFormat, Tool, ToolCallParser, ToolChoice, tool_grammar
 from app.tool_calls.format import generic_messages
 
-_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
 DEPRECATED_FIELDS = ("functions", "function_call")
-
-
-def _type_name(value: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
-            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
-
-
-def _invalid_type(param: str, expected: str, value: Any) -> APIError:
-    return bad_request(f"Invalid type for '{param}': expected {expected}, but got "
-                       f"{_type_name(value)}.", param=param, code="invalid_type")
-
-
-def _missing(param: str) -> APIError:
-    return bad_request(f"Missing required parameter: '{param}'.", param=param,
-                       code="missing_required_parameter")
-
-
-def _invalid(param: str, reason: str, code: str = "invalid_value") -> APIError:
-    return bad_request(f"Invalid value for '{param}': {reason}", param=param, code=code)
 
 
 @dataclass
@@ -102,12 +85,7 @@ def parse_tools(value: Any) -> list[Tool]:
             raise _missing(f"{where}.function")
         if not isinstance(fn, dict):
             raise _invalid_type(f"{where}.function", "an object", fn)
-        name = fn.get("name")
-        if name is None:
-            raise _missing(f"{where}.function.name")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise _invalid(f"{where}.function.name", "expected 1 to 64 letters, digits, "
-                           f"underscores or dashes (got {name!r}).")
+        name = checked_name(fn.get("name"), f"{where}.function.name")
         if name in seen:
             raise _invalid(f"{where}.function.name", f"the function name {name!r} is used by "
                            "more than one tool.")

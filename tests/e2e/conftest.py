@@ -187,3 +187,21 @@ def tiny_server(engine_kind: str) -> Iterator[Server]:
 @pytest.fixture
 def client(server: Server) -> openai.OpenAI:
     return server.client()
+
+
+@pytest.fixture(scope="module")
+def qwen() -> Iterator[Server]:
+    """`tandem serve --model qwen2.5-coder-1.5b-instruct --ctx-size 2048`, no API key
+    (skipped where the model is not in the store)."""
+    from app.bench.server_process import free_port, running
+    from tests.conftest import store_model
+
+    store_model("qwen2.5-coder-1.5b-instruct")
+    port = free_port()
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--model", "qwen2.5-coder-1.5b-instruct",
+           "--port", str(port), "--ctx-size", "2048"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_WAIT_POLICY": "passive"}
+    env.pop("TANDEM_API_KEY", None)
+    with running(cmd, port, timeout=300, cwd=ROOT, env=env) as url:
+        model = httpx.get(f"{url}/health", timeout=10).json()["model"]
+        yield Server(url, model, None, "real")

@@ -11,9 +11,7 @@ without tools: the generic JSON call format)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 from collections.abc import Iterator
 
 import httpx
@@ -21,10 +19,8 @@ import jsonschema
 import ollama
 import pytest
 
-from app.bench.server_process import free_port, running
 from app.server.routes_ollama import OLLAMA_VERSION
-from tests.conftest import store_model
-from tests.e2e.conftest import CTX_SIZE, ROOT, Server, _start_inprocess
+from tests.e2e.conftest import CTX_SIZE, Server, _start_inprocess
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 GREEDY = {"temperature": 0, "repeat_penalty": 1, "num_predict": 24}
@@ -323,20 +319,6 @@ def test_error_after_the_stream_began_is_a_line(failing: Server) -> None:
 
 
 # -- fill-in-the-middle on a model with FIM tokens ---------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def qwen() -> Iterator[Server]:
-    """`tandem serve --model qwen2.5-coder-1.5b-instruct` (skipped where not stored)."""
-    store_model("qwen2.5-coder-1.5b-instruct")
-    port = free_port()
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--model", "qwen2.5-coder-1.5b-instruct",
-           "--port", str(port), "--ctx-size", "2048"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_WAIT_POLICY": "passive"}
-    env.pop("TANDEM_API_KEY", None)
-    with running(cmd, port, timeout=300, cwd=ROOT, env=env) as url:
-        model = httpx.get(f"{url}/health", timeout=10).json()["model"]
-        yield Server(url, model, None, "real")
 
 
 @pytest.mark.model

@@ -9,18 +9,13 @@ skipped where the model is not in the store."""
 from __future__ import annotations
 
 import json
-import os
-import sys
-from collections.abc import Iterator
 
 import httpx
 import jsonschema
 import openai
 import pytest
 
-from app.bench.server_process import free_port, running
-from tests.conftest import store_model
-from tests.e2e.conftest import ROOT, Server
+from tests.e2e.conftest import Server
 
 WEATHER = {
     "type": "object",
@@ -197,20 +192,6 @@ def test_malformed_tool_fields_are_400_with_the_exact_error(server: Server, fiel
                                   "param": param, "code": code}}
     ok = _post(server, {"temperature": 0})  # the server keeps serving
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"]
-
-
-@pytest.fixture(scope="module")
-def qwen() -> Iterator[Server]:
-    """`tandem serve --model qwen2.5-coder-1.5b-instruct` (skipped where not stored)."""
-    store_model("qwen2.5-coder-1.5b-instruct")
-    port = free_port()
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--model", "qwen2.5-coder-1.5b-instruct",
-           "--port", str(port), "--ctx-size", "2048"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_WAIT_POLICY": "passive"}
-    env.pop("TANDEM_API_KEY", None)
-    with running(cmd, port, timeout=300, cwd=ROOT, env=env) as url:
-        model = httpx.get(f"{url}/health", timeout=10).json()["model"]
-        yield Server(url, model, None, "real")
 
 
 @pytest.mark.model
