@@ -17,6 +17,13 @@ from backends.base import RunnerConfig
 from models.registry import DEFAULT_MODEL
 
 
+def two_box_kv_refusal(kv_cache_type: str, where: str) -> str:
+    """Why two-box mode refuses a quantized KV cache (one line); `where`: "with
+    --prefill-peer" or "by prefill-worker"."""
+    return (f"two-box mode sends f16 KV; --kv-cache-type {kv_cache_type} is not supported "
+            f"{where} yet")
+
+
 @dataclass(slots=True)
 class EngineArgs:
     """Args:
@@ -30,7 +37,7 @@ class EngineArgs:
     draft_model: a draft model for speculative decoding (registry name or path), with the
         target's vocabulary; None: no draft model.
     prefill_peer: a `tandem prefill-worker` that prefills long prompts (two-box mode);
-        None: every prompt is prefilled here.
+        None: every prompt is prefilled here. Only with an f16 KV cache (the wire's type).
     Raises ValueError (in `__post_init__`) for values out of range.
     """
 
@@ -55,6 +62,8 @@ class EngineArgs:
         if self.prefill_peer is not None and self.draft_model:
             raise ValueError("--prefill-peer cannot be combined with --draft-model (the draft "
                              "model's KV would be missing for imported positions)")
+        if self.prefill_peer is not None and self.runner.kv_cache_type != "f16":
+            raise ValueError(two_box_kv_refusal(self.runner.kv_cache_type, "with --prefill-peer"))
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
@@ -69,3 +78,10 @@ class EngineArgs:
             scheduler=self.scheduler_config(),
             enable_prefix_caching=self.enable_prefix_caching,
         )
+
+
+def check_worker_kv(args: EngineArgs) -> None:
+    """A `tandem prefill-worker`'s engine: raises ValueError (one line) for a KV cache type
+    the two-box wire cannot carry yet."""
+    if args.runner.kv_cache_type != "f16":
+        raise ValueError(two_box_kv_refusal(args.runner.kv_cache_type, "by prefill-worker"))

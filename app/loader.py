@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from app.config import EngineArgs
+from app.config import EngineArgs, check_worker_kv
 from app.disagg.peer import PeerConfig
 from app.engine.async_engine import AsyncEngine
 from app.engine.engine import LLMEngine
@@ -65,6 +65,7 @@ def load_prefill_engine(args: EngineArgs, *, pull_missing: bool = True
     """The engine of `tandem prefill-worker` (no speculation, no step thread: the worker
     drives it) and its model file. Raises as `load_engine`, and ValueError if the backend
     cannot export KV."""
+    check_worker_kv(args)
     path = Path(resolve_model(args.model, pull_missing=pull_missing))
     runner, _ = load_runner(path, backend=args.backend, config=args.runner)
     if not runner.capabilities.kv_transfer:

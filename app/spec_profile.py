@@ -22,13 +22,16 @@ PROFILE_VERSION = 2  # 2: fastest of the repeats, monotone (measure_step_times)
 
 def profile_key(model_path: Path, backend: str, runner: Runner) -> str:
     """Identifies what the curve depends on: the model file (name, size), backend, KV
-    layout, threads, repacked weights or not (llama.cpp: 1.13-1.43x faster steps),
-    machine (host, CPU, cores)."""
+    layout, threads, repacked weights or not (llama.cpp: 1.13-1.43x faster steps), KV
+    cache type, machine (host, CPU, cores)."""
     st = model_path.stat() if model_path.exists() else None
     parts = [PROFILE_VERSION, model_path.name, st.st_size if st else 0, backend,
              getattr(runner, "kv_layout", None), getattr(runner, "n_threads", None),
              getattr(getattr(runner, "repack", None), "repack", None),
              platform.node(), platform.machine(), platform.processor(), os.cpu_count()]
+    kv_cache_type = getattr(runner, "kv_cache_type", "f16")
+    if kv_cache_type != "f16":  # its own curve (quantized attention); f16 keys stay as they were
+        parts.append(kv_cache_type)
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 

@@ -78,6 +78,15 @@ def shared_pool_tokens(seq_tokens: int) -> int:
     return max(2 * seq_tokens, 16384)
 
 
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
+
+
+def quantized_v_needs_flash_attn(kv_cache_type: str) -> str:
+    """The refusal of a quantized KV cache with flash attention off (one line)."""
+    return (f"--kv-cache-type {kv_cache_type} needs flash attention (llama.cpp quantizes the "
+            "V cache only with it), which is off")
+
+
 @dataclass(frozen=True, slots=True)
 class RunnerCapabilities:
     """What a runner can do exactly; the engine never relies on a missing capability.
@@ -223,6 +232,8 @@ class RunnerConfig:
         flash_attn: llama.cpp: "auto" | "on" | "off".
         repack: llama.cpp: repacked weights "auto" (where a cached probe says this machine
             runs them) | "on" | "off" (backends/llamacpp/repack.py).
+        kv_cache_type: KV cache values "f16" | "q8_0" | "q4_0" (llama.cpp `type_k` and
+            `type_v`; a quantized V needs flash attention, so "auto" then means "on").
     Raises ValueError (in `__post_init__`) for values out of range.
     """
 
@@ -235,6 +246,7 @@ class RunnerConfig:
     n_threads: int | None = None
     flash_attn: str = "auto"
     repack: str = "auto"
+    kv_cache_type: str = "f16"
 
     def __post_init__(self) -> None:
         for name in ("max_seqs", "seq_tokens", "max_batch_tokens"):
@@ -250,3 +262,9 @@ class RunnerConfig:
             raise ValueError(f"flash_attn must be auto, on or off, not {self.flash_attn!r}")
         if self.repack not in ("auto", "on", "off"):
             raise ValueError(f"repack must be auto, on or off, not {self.repack!r}")
+        if self.kv_cache_type not in KV_CACHE_TYPES:
+            raise ValueError(f"kv_cache_type must be f16, q8_0 or q4_0, not "
+                             f"{self.kv_cache_type!r}")
+        if self.kv_cache_type != "f16" and self.flash_attn == "off":
+            raise ValueError(quantized_v_needs_flash_attn(self.kv_cache_type))
+

@@ -24,13 +24,17 @@ def load_runner(path: str | Path, *, backend: str | None = None,
                 config: RunnerConfig | None = None) -> tuple[Runner, str]:
     """Returns (runner, backend name) for the model file or MLX directory `path`.
 
-    `config.seq_tokens`, `kv_layout` and `flash_attn` are llama.cpp's (see LlamaCppRunner);
-    MLX has one paged pool of `kv_tokens`. `block_size` None means the runner's (llama.cpp
-    8, MLX 16). Raises FileNotFoundError / ValueError (bad model), ImportError (mlx missing).
+    `config.seq_tokens`, `kv_layout`, `flash_attn` and `kv_cache_type` are llama.cpp's (see
+    LlamaCppRunner); MLX has one paged f16 pool of `kv_tokens`. `block_size` None means the
+    runner's (llama.cpp 8, MLX 16). Raises FileNotFoundError / ValueError (bad model, or a
+    quantized KV cache on MLX), ImportError (mlx missing).
     """
     config = config or RunnerConfig()
     name = _choose(backend)
     if name == "mlx":
+        if config.kv_cache_type != "f16":
+            raise ValueError(f"--kv-cache-type {config.kv_cache_type} is for the llamacpp "
+                             "backend; the MLX backend's KV cache is f16 only for now")
         from backends.mlx.convert import converted_dir, is_current
         from backends.mlx.runner import load_mlx_runner
 
@@ -49,6 +53,6 @@ def load_runner(path: str | Path, *, backend: str | None = None,
         seq_tokens=config.seq_tokens, kv_layout=config.kv_layout,
         block_size=config.block_size or BLOCK_SIZE, max_batch_tokens=config.max_batch_tokens,
         n_threads=config.n_threads, flash_attn=config.flash_attn,
-        repack=config.repack,
+        repack=config.repack, kv_cache_type=config.kv_cache_type,
     )
     return runner, name

@@ -151,7 +151,9 @@ async def _local(args: argparse.Namespace, levels: list[int]) -> list[dict]:
     try:
         async for result in run_bench(engine, levels, args.requests, args.prompt_tokens,
                                       args.max_tokens, args.shared_prefix_tokens, args.seed):
-            result["kv_layout"] = engine.describe()["kv_layout"]
+            described = engine.describe()
+            result["kv_layout"] = described["kv_layout"]
+            result["kv_cache_type"] = described["kv_cache_type"]
             if raw is not None:
                 c = result["concurrency"]
                 result["raw_decode_tok_s"] = raw[c]
@@ -229,7 +231,7 @@ def _spec(args: argparse.Namespace, levels: list[int]) -> int:
         path = resolve_model(args.model)
         # the split layout: output independent of batch shape, so every mode's tokens match
         runner_config = RunnerConfig(max_seqs=max(levels), seq_tokens=2048, kv_layout="split",
-                                     n_threads=args.threads)
+                                     n_threads=args.threads, kv_cache_type=args.kv_cache_type)
         runner, backend = load_runner(path, backend=args.backend, config=runner_config)
     except user_errors() as exc:
         return fail(str(exc))

@@ -51,13 +51,18 @@ def load_engine(args: argparse.Namespace, max_seqs: int | None = None, flags=COM
 
 def model_notes(args: argparse.Namespace, engine) -> list[str]:
     """What the engine decided that the flags did not say: a `--ctx-size` above the
-    model's trained context was capped; the MLX backend runs a converted copy of the GGUF
+    model's trained context was capped; a quantized KV cache turned flash attention on; the
+    MLX backend runs a converted copy of the GGUF
     (`tandem models convert --to mlx`) instead of the file itself."""
     notes = []
     asked = getattr(args, "ctx_size", None)
     if asked and asked > engine.context_length and asked != default_of("runner.seq_tokens"):
         notes.append(f"--ctx-size {asked} is above the model's context; using "
                      f"{engine.context_length} tokens")
+    runner = engine.runner
+    if getattr(runner, "flash_attn_forced", False):
+        notes.append(f"--kv-cache-type {runner.kv_cache_type} needs flash attention for its "
+                     "V cache; turned it on")
     if engine.backend_name == "mlx":
         from backends.mlx.convert import converted_dir, is_current
         from models.store import resolve_model

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.config import EngineArgs
+from backends.base import KV_CACHE_TYPES
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
@@ -69,6 +70,10 @@ REPACK = Flag("--repack", "runner.repack", "llama.cpp repacked weights (its extr
               "buffer types, faster decode): auto (where a probe, run once per model and "
               "machine and cached, shows this machine runs them), on, off",
               choices=("auto", "on", "off"))
+KV_CACHE_TYPE = Flag("--kv-cache-type", "runner.kv_cache_type", "llama.cpp KV cache values: "
+                     "f16, q8_0 (half the memory, nearly lossless) or q4_0 (a quarter, "
+                     "lossier); a quantized cache turns flash attention on (README, \"KV "
+                     "cache quantization\")", choices=KV_CACHE_TYPES)
 MAX_CONCURRENCY = Flag("--max-concurrency", "runner.max_seqs", "sequences decoded together "
                        "in one batch", positive_int, metavar="N")
 MAX_QUEUE = Flag("--max-queue", "max_waiting", "requests allowed to wait for a batch slot; "
@@ -86,7 +91,8 @@ NUM_DRAFT_TOKENS = Flag("--num-draft-tokens", "spec.num_draft_tokens", "most dra
                         "per sequence and step", positive_int, metavar="K")
 
 # the flags every command that loads a model takes
-COMMON = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_LAYOUT, REPACK, SPEC, DRAFT_MODEL, NUM_DRAFT_TOKENS)
+COMMON = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_LAYOUT, KV_CACHE_TYPE, REPACK, SPEC, DRAFT_MODEL,
+          NUM_DRAFT_TOKENS)
 
 
 def default_of(field: str, defaults: EngineArgs | None = None) -> Any:

@@ -18,15 +18,18 @@ from app.commands.common import port_number, user_errors
 from app.commands.engine_flags import (
     BACKEND,
     CTX_SIZE,
+    KV_CACHE_TYPE,
     MODEL,
     THREADS,
     add_engine_args,
     engine_args_from,
 )
 from app.commands.peer_flags import add_secret_arg
+from app.config import check_worker_kv
 from app.disagg.peer import DEFAULT_PORT, check_bind, read_secret
 
-FLAGS = (MODEL, BACKEND, CTX_SIZE, THREADS)
+# --kv-cache-type: only f16 until the wire carries q8_0 (refused below, one line)
+FLAGS = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_CACHE_TYPE)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         secret = read_secret(args.secret_file)
         check_bind(args.host, secret)
         engine_args = engine_args_from(args, FLAGS, runner__max_seqs=1)
+        check_worker_kv(engine_args)
     except ValueError as exc:
         print(f"tandem prefill-worker: {exc}", file=sys.stderr)
         return 2

@@ -139,8 +139,8 @@ def run(args: argparse.Namespace) -> int:
         d = engine.describe()
         layout = d["kv_layout"]
         if d["kv_bytes"] is not None:
-            print(f"tandem: {layout} KV: {d['max_seqs']} sequences x {d['context_length']} "
-                  f"tokens, {d['kv_bytes'] / 2**30:.1f} GiB (budget "
+            print(f"tandem: {layout} KV ({d['kv_cache_type']}): {d['max_seqs']} sequences x "
+                  f"{d['context_length']} tokens, {d['kv_bytes'] / 2**30:.1f} GiB (budget "
                   f"{d['kv_budget_bytes'] / 2**30:.1f} GiB, 1/8 of memory)", flush=True)
         if d["weight_buffers"]:
             plain = (f"; prefill chunks of {PLAIN_PREFILL_MIN_TOKENS}+ tokens on the plain "

@@ -103,8 +103,8 @@ class AsyncEngine:
         self._thread.start()
 
     def describe(self) -> dict[str, object]:
-        """What serves requests: backend, model, KV layout, KV bytes allocated and the budget
-        (llama.cpp), block size, slots, context length, whether it speculates, and the
+        """What serves requests: backend, model, KV layout, KV bytes allocated, KV cache type
+        and whether it turned flash attention on, and the budget (llama.cpp), block size, slots, context length, whether it speculates, and the
         weight buffers {llama.cpp buffer type: MiB}, the repack verdict (llama.cpp's
         `RepackVerdict`; None elsewhere) and whether large prefill chunks run on plain
         weights."""
@@ -114,6 +114,8 @@ class AsyncEngine:
             "model": self.model_name,
             "kv_layout": getattr(runner, "kv_layout", None),
             "kv_bytes": getattr(runner, "kv_bytes", None),
+            "kv_cache_type": getattr(runner, "kv_cache_type", "f16"),
+            "flash_attn_forced": getattr(runner, "flash_attn_forced", False),
             "kv_budget_bytes": getattr(runner, "kv_budget_bytes", None),
             "block_size": runner.block_size,
             "max_seqs": runner.max_seqs,

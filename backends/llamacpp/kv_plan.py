@@ -13,19 +13,59 @@ Two layouts of one `llama_context` holding `max_seqs` sequences:
 "auto" is split, with as many sequences as the KV memory budget (`kv_budget_bytes`, a
 share of the machine's memory) holds: greedy and seeded output then do not depend on what
 else the engine is doing.
+
+KV cache types (`kv_cache_type`, llama.cpp's `type_k`/`type_v`): f16 (2 bytes a value), q8_0
+(blocks of 32 values in 34 bytes: an f16 scale and 32 int8) and q4_0 (32 values in 18 bytes).
+Every size here is in bytes of the chosen type.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.base import shared_pool_tokens
+from backends.base import quantized_v_needs_flash_attn, shared_pool_tokens
 
 LAYOUTS = ("split", "unified", "auto")
 MAX_SEQS = 255  # llama.cpp allows 256 sequence ids; unified keeps one as the restore scratch
 # "auto": the split streams may take this share of physical memory, at least the floor
 KV_BUDGET_SHARE = 1 / 8
 KV_BUDGET_FLOOR = 512 << 20
+
+
+# KV cache type -> (values per block, bytes per block), ggml's `ggml_row_size` arithmetic
+KV_BLOCKS: dict[str, tuple[int, int]] = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
+
+
+def kv_row_bytes(values: int, kv_cache_type: str = "f16") -> int:
+    """Bytes of one cached K (or V) row of `values` values (a layer's kv_heads x head_dim)
+    in `kv_cache_type`. Raises ValueError for an unknown type, or a row that is not whole
+    blocks (llama.cpp cannot quantize it)."""
+    if kv_cache_type not in KV_BLOCKS:
+        raise ValueError(f"kv_cache_type must be f16, q8_0 or q4_0, not {kv_cache_type!r}")
+    block_values, block_bytes = KV_BLOCKS[kv_cache_type]
+    if values % block_values:
+        raise ValueError(f"--kv-cache-type {kv_cache_type} stores blocks of {block_values} "
+                         f"values; this model's K/V rows have {values}")
+    return values // block_values * block_bytes
+
+
+def kv_token_bytes(n_layers: int, n_kv_heads: int, head_dim: int,
+                   kv_cache_type: str = "f16") -> int:
+    """K and V bytes one token takes across all layers in `kv_cache_type` (SmolLM2-135M,
+    30 layers x 3 heads x 64: f16 23040, q8_0 12240, q4_0 6480). Raises as `kv_row_bytes`."""
+    return 2 * n_layers * kv_row_bytes(n_kv_heads * head_dim, kv_cache_type)
+
+
+def check_kv_cache_type(kv_cache_type: str, flash_attn: str) -> str:
+    """The flash attention setting a context with `kv_cache_type` KV gets: a quantized V
+    cache needs flash attention (llama.cpp refuses it otherwise), so "auto" becomes "on".
+    Raises ValueError for an unknown type, or a quantized type with flash attention off."""
+    kv_row_bytes(0, kv_cache_type)  # the type's name
+    if kv_cache_type == "f16":
+        return flash_attn
+    if flash_attn == "off":
+        raise ValueError(quantized_v_needs_flash_attn(kv_cache_type))
+    return "on"
 
 
 def kv_budget_bytes(physical_memory: int) -> int:

@@ -39,6 +39,7 @@ from backends.base import LayerKV
 
 STATE_MAGIC = 0xAF143CD8
 GGML_TYPE_F16 = 1  # ggml_type enum value; the only KV type exported (others: q8_0 etc.)
+GGML_TYPE_Q4_0, GGML_TYPE_Q8_0 = 2, 8  # quantized KV: copied as is (`retarget_state`)
 ROPE_TYPE_NORM = 0  # LLAMA_ROPE_TYPE_NORM: adjacent pairs -> K stored interleaved per head
 ROPE_TYPE_NEOX = 2  # LLAMA_ROPE_TYPE_NEOX: half-offset pairs, already rotate-half
 _F16 = np.dtype("<f2")
@@ -175,6 +176,56 @@ def _check_type(which: str, ggml_type: int, row_bytes: int, want: int) -> None:
         raise ValueError(f"{which} cache type {ggml_type} is not f16 (only f16 KV transfers)")
     if row_bytes != want:
         raise ValueError(f"{which} row is {row_bytes} bytes, the model shape implies {want}")
+
+
+def retarget_state(blob, seq_id: int, n_stream: int, stream: int) -> bytearray:
+    """A copy of a one-sequence blob with its cells moved into `stream` of a context of
+    `n_stream` streams (and every seq id set to `seq_id`), rows untouched: works for any KV
+    type (f16, q8_0, q4_0, ...), transposed V or not. For f16 the bytes equal
+    `build_state` of the parsed, retargeted state. An empty sequence stays empty.
+
+    Used to move KV between two contexts of the same model and KV type (the plain-prefill
+    context and a slot of the main one). Raises ValueError for a bad magic, a truncated or
+    over-long blob, or cells in more than one stream."""
+    r = _Reader(memoryview(blob).cast("B"))
+    magic, _, src_streams = r.take("<IiI")
+    if magic != STATE_MAGIC:
+        raise ValueError(f"not a llama.cpp sequence state (magic {magic:#x})")
+    body, cells = b"", 0
+    for _ in range(src_streams):
+        (count,) = r.take("<I")
+        if count == 0:
+            continue
+        if cells:
+            raise ValueError("sequence has cells in more than one stream")
+        cells, begin = count, r.off
+        r.off += 12 * cells  # pos, n_seq_id, seq_id per cell
+        v_trans, n_layer = r.take("<II")
+        for _ in range(n_layer):
+            _, row = r.take("<iQ")
+            r.off += cells * row
+        for _ in range(n_layer):
+            if v_trans:
+                _, el, dim = r.take("<iII")
+                r.off += el * dim * cells
+            else:
+                _, row = r.take("<iQ")
+                r.off += cells * row
+        if r.off > len(r.buf):
+            raise ValueError(f"state blob truncated at byte {len(r.buf)}")
+        body = bytearray(r.buf[begin:r.off])
+        meta = np.frombuffer(body, "<i4", count=3 * cells).reshape(cells, 3)
+        if np.any(meta[:, 1] != 1):
+            raise ValueError("cell with n_seq_id != 1 (not a per-sequence blob)")
+        meta[:, 2] = seq_id
+    if r.off != len(r.buf):
+        raise ValueError(f"{len(r.buf) - r.off} unexpected bytes after the state")
+    out = bytearray(struct.pack("<IiI", STATE_MAGIC, seq_id, n_stream))
+    for s in range(n_stream):
+        out += struct.pack("<I", cells if s == stream else 0)
+        if s == stream and cells:
+            out += body
+    return out
 
 
 def _segments(x) -> tuple:

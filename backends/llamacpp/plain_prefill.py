@@ -6,7 +6,8 @@ tokens/s from 128-token chunks on (README, "Repacked weights"). So a runner whos
 were repacked also loads the same GGUF plainly (mapped: the file's pages are shared, the
 extra memory is one sequence's KV) with a one-sequence context, computes each large prefill
 chunk there, and copies the sequence's KV into its slot of the main context
-(`llama_state_seq_get/set_data`, the blob retargeted from one stream to the slot's).
+(`llama_state_seq_get/set_data`, the blob retargeted from one stream to the slot's, its
+rows copied as is: both contexts must store KV alike, same V layout and KV cache type).
 
 The plain context keeps the last sequence it computed: the next chunk of the same prompt
 continues there without copying the slot back in. Any other change to that slot (release,
@@ -38,13 +39,15 @@ class PlainPrefill:
     """A second llama.cpp context, on the plain weights, for one sequence at a time.
 
     Args: the GGUF path; the main context's KV streams (its `n_seq_max`: split layout, a
-    stream per slot), tokens per sequence (`n_ctx` here), threads, flash attention type and
-    batch size (`n_batch`), so that both contexts store KV alike (same V layout). Raises
-    ValueError if llama.cpp cannot load the model or create the context.
+    stream per slot), tokens per sequence (`n_ctx` here), threads, flash attention type,
+    batch size (`n_batch`) and KV cache type (ggml_type, K and V), so that both contexts
+    store KV alike (same V layout, same row type). Raises ValueError if llama.cpp cannot
+    load the model or create the context.
     """
 
     def __init__(self, path: str | Path, main_streams: int, seq_tokens: int, n_threads: int,
-                 flash_attn_type: int, max_batch_tokens: int):
+                 flash_attn_type: int, max_batch_tokens: int,
+                 kv_type: int = L.GGML_TYPE_F16):
         self.main_streams = main_streams
         self._model, self.weight_buffers = runtime.load_model(path, repack=False)
         cp = L.llama_context_default_params()
@@ -54,6 +57,7 @@ class PlainPrefill:
         cp.n_ubatch = min(512, max_batch_tokens)
         cp.n_threads = cp.n_threads_batch = n_threads
         cp.flash_attn_type = flash_attn_type
+        cp.type_k = cp.type_v = kv_type
         self._ctx = L.llama_init_from_model(self._model, cp)
         if not self._ctx:
             L.llama_model_free(self._model)
@@ -74,8 +78,7 @@ class PlainPrefill:
         if self._held is not None and (slot is None or self._held[0] == slot):
             self._held = None
 
-    def compute(self, item: BatchItem, main: ContextMemory, n_kv_heads: int,
-                head_dim: int) -> np.ndarray:
+    def compute(self, item: BatchItem, main: ContextMemory) -> np.ndarray:
         """Compute `item` (a prefill chunk of the main context's sequence `item.slot`) here
         and leave the slot of `main` holding positions `0 .. start_pos+len(tokens)-1`, as
         `llama_decode` on the main context would. Returns float32 `[len(item.logits_indices),
@@ -83,8 +86,7 @@ class PlainPrefill:
         if self._held != (item.slot, item.start_pos):
             self._memory.seq_rm(0, -1, -1)
             if item.start_pos:
-                self._load(self._memory, 0, main.state_get(item.slot), n_kv_heads, head_dim,
-                           n_stream=1, stream=0)
+                self._load(self._memory, 0, main.state_get(item.slot), n_stream=1, stream=0)
         self._held = None
         self._batch.fill([BatchItem(0, item.tokens, item.start_pos, item.block_table,
                                     item.logits_indices)])
@@ -93,18 +95,16 @@ class PlainPrefill:
             raise RuntimeError(f"llama_decode failed with code {rc} (plain prefill)")
         n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self._model))
         rows = np.array(self._batch.logits(self._ctx, n_vocab), copy=True)
-        self._load(main, item.slot, self._memory.state_get(0), n_kv_heads, head_dim,
-                   n_stream=self.main_streams, stream=item.slot)
+        self._load(main, item.slot, self._memory.state_get(0), n_stream=self.main_streams,
+                   stream=item.slot)
         self._held = (item.slot, item.start_pos + len(item.tokens))
         self.chunks += 1
         return rows
 
     @staticmethod
-    def _load(memory: ContextMemory, seq: int, blob: np.ndarray, n_kv_heads: int,
-              head_dim: int, n_stream: int, stream: int) -> None:
-        state = kvt.parse_state(blob, n_kv_heads, head_dim)
-        state.seq_id, state.n_stream, state.stream = seq, n_stream, stream
-        memory.state_set(seq, kvt.build_state(state))
+    def _load(memory: ContextMemory, seq: int, blob: np.ndarray, n_stream: int,
+              stream: int) -> None:
+        memory.state_set(seq, kvt.retarget_state(blob, seq, n_stream, stream))
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

@@ -19,7 +19,13 @@ from backends.llamacpp import kv_transfer as kvt
 from backends.llamacpp import runtime
 from backends.llamacpp.batch import TokenBatch
 from backends.llamacpp.embedder import LlamaEmbedder
-from backends.llamacpp.kv_plan import check_args, context_error, kv_budget_bytes, plan_kv
+from backends.llamacpp.kv_plan import (
+    check_args,
+    check_kv_cache_type,
+    context_error,
+    kv_budget_bytes,
+    plan_kv,
+)
 from backends.llamacpp.memory import ContextMemory, blob_pointer
 from backends.llamacpp.plain_prefill import PLAIN_PREFILL_MIN_TOKENS, PlainPrefill
 from backends.llamacpp.repack import PLAIN_BUFFERS, repack_verdict
@@ -34,6 +40,8 @@ _FLASH_ATTN = {
     "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
+# --kv-cache-type -> llama.cpp's `type_k`/`type_v` (ggml_type)
+GGML_KV_TYPE = {"f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0}
 # Tokens per engine block: the granularity of prefix-cache hits. Here blocks are only
 # accounting (llama.cpp keeps KV in its own cells), so one token per block costs just
 # bookkeeping and reuses a cached prefix to the token, as llama-server does: a repeated chat
@@ -70,10 +78,17 @@ class LlamaCppRunner:
         flash_attn: "auto" | "on" | "off".
         repack: repacked weights (llama.cpp's extra CPU buffer types): "auto" (where this
             machine's cached probe says they run, `backends.llamacpp.repack`), "on", "off".
-    Attributes (besides the protocol's): `repack` (the verdict: whether, and why) and
-    `weight_buffers` ({llama.cpp buffer type: MiB}, e.g. CPU_REPACK, CPU_Mapped).
+        kv_cache_type: "f16" | "q8_0" | "q4_0", K and V alike, in every context this runner
+            creates (the plain-prefill one too: KV is copied between them as is). Quantized:
+            flash attention "auto" becomes "on" (llama.cpp quantizes V only with it), "off"
+            is refused; no KV transfer (two-box mode sends f16).
+    Attributes (besides the protocol's): `repack` (the verdict: whether, and why),
+    `weight_buffers` ({llama.cpp buffer type: MiB}, e.g. CPU_REPACK, CPU_Mapped),
+    `kv_cache_type`, `flash_attn` (as created) and `flash_attn_forced` (auto turned on for
+    a quantized cache).
     Raises:
-        FileNotFoundError: no such file. ValueError: llama.cpp cannot load it.
+        FileNotFoundError: no such file. ValueError: llama.cpp cannot load it, or
+        `kv_cache_type` with flash attention off (or rows not whole blocks of it).
     """
 
     # truncate removes the positions from the slot's cells (`seq_rm`), so recomputing them
@@ -97,22 +112,30 @@ class LlamaCppRunner:
         n_threads: int | None = None,
         flash_attn: str = "auto",
         repack: str = "auto",
+        kv_cache_type: str = "f16",
         verbose: bool = False,
     ):
         path = Path(model_path)
         if not path.is_file():
             raise FileNotFoundError(f"model file not found: {path}")
         check_args(max_seqs, kv_layout)
+        resolved = check_kv_cache_type(kv_cache_type, flash_attn)
+        self.kv_cache_type = kv_cache_type
+        self.flash_attn, self.flash_attn_forced = resolved, resolved != flash_attn
         runtime.init_backend(verbose)
         self._embedder_lock = threading.Lock()
-        self._flash_attn_type = _FLASH_ATTN[flash_attn]
+        self._flash_attn_type = _FLASH_ATTN[self.flash_attn]
         self.repack = repack_verdict(path, repack)
         self._model, self.weight_buffers = runtime.load_model(path, self.repack.repack)
         self.block_size = block_size
         self.max_seqs = max_seqs
         self.max_batch_tokens = max_batch_tokens
         self.n_threads = n_threads or default_threads()
-        kv_bytes = runtime.kv_bytes_per_token(self._model)
+        try:
+            kv_bytes = runtime.kv_bytes_per_token(self._model, kv_cache_type)
+        except ValueError:
+            self.close()
+            raise
         if split_kv_bytes is None:
             split_kv_bytes = kv_budget_bytes(runtime.physical_memory_bytes())
         self.kv_budget_bytes = split_kv_bytes
@@ -125,8 +148,10 @@ class LlamaCppRunner:
         self.max_seqs = plan.max_seqs
         self.kv_bytes = plan.n_ctx * kv_bytes  # KV allocated, bytes
         # split: llama.cpp micro-batches sequences of unequal lengths apart (split_equal)
-        # kv_transfer: export_kv/import_kv below (tests/integration/test_llamacpp_kv_transfer.py)
-        self.capabilities = RunnerCapabilities(exact_truncate=True, kv_transfer=True,
+        # kv_transfer: export_kv/import_kv below (tests/integration/test_llamacpp_kv_transfer.py),
+        # f16 only: the neutral layout (and the two-box wire) is f16
+        self.capabilities = RunnerCapabilities(exact_truncate=True,
+                                               kv_transfer=kv_cache_type == "f16",
                                                equal_split=plan.layout == "split")
         self.num_blocks = plan.num_blocks
         self.max_seq_tokens = plan.max_seq_tokens
@@ -138,7 +163,8 @@ class LlamaCppRunner:
         cp.n_batch = max_batch_tokens
         cp.n_ubatch = min(512, max_batch_tokens)
         cp.n_threads = cp.n_threads_batch = self.n_threads
-        cp.flash_attn_type = _FLASH_ATTN[flash_attn]
+        cp.flash_attn_type = _FLASH_ATTN[self.flash_attn]
+        cp.type_k = cp.type_v = GGML_KV_TYPE[kv_cache_type]
         cp.n_outputs_max = max_batch_tokens
         self._ctx = L.llama_init_from_model(self._model, cp)
         if not self._ctx:
@@ -160,7 +186,8 @@ class LlamaCppRunner:
             try:
                 self.plain_prefill = PlainPrefill(
                     path, plan.n_seq_max, plan.max_seq_tokens, self.n_threads,
-                    _FLASH_ATTN[flash_attn], max_batch_tokens)
+                    _FLASH_ATTN[self.flash_attn], max_batch_tokens,
+                    GGML_KV_TYPE[kv_cache_type])
             except ValueError:
                 self.close()
                 raise
@@ -209,8 +236,7 @@ class LlamaCppRunner:
                     here.append((k, BatchItem(item.slot, item.tokens[-1:],
                                               item.start_pos + len(head.tokens),
                                               item.block_table, [0])))
-                parts[k] = plain.compute(head, self._memory, self.info.n_kv_heads,
-                                         self.info.head_dim)
+                parts[k] = plain.compute(head, self._memory)
             else:
                 here.append((k, item))
             self.residency.note_computed(item.slot, item.block_table,
@@ -258,6 +284,11 @@ class LlamaCppRunner:
         n_rot = runtime.meta(self._model, f"{self.info.architecture}.rope.dimension_count")
         return interleaved, int(n_rot) if n_rot else self.info.head_dim
 
+    def _check_f16_kv(self) -> None:
+        if self.kv_cache_type != "f16":
+            raise ValueError(f"KV transfer is f16 only; this runner's KV cache is "
+                             f"{self.kv_cache_type}")
+
     def _check_cover(self, block_table: list[int], start: int, n: int) -> None:
         if start < 0 or n < 0 or len(block_table) * self.block_size < start + n:
             raise ValueError(f"block table of {len(block_table)} blocks does not cover "
@@ -271,6 +302,7 @@ class LlamaCppRunner:
         Copies the slot's whole state out of llama.cpp (`llama_state_seq_get_data`), then
         the range. Raises ValueError if `block_table` or the slot's KV does not cover the
         range, or the KV is not f16; RuntimeError if llama.cpp cannot save it."""
+        self._check_f16_kv()
         self._check_cover(block_table, start, n)
         interleaved, n_rot = self._kv_facts()
         blob = ContextMemory(self._ctx).state_get(slot)
@@ -288,6 +320,7 @@ class LlamaCppRunner:
         The slot then holds `block_table`'s blocks up to `start+n` (as after `execute`).
         Raises ValueError on a layer count, shape or coverage mismatch; RuntimeError if
         llama.cpp refuses the state."""
+        self._check_f16_kv()
         if len(kv) != self.info.n_layers:
             raise ValueError(f"expected {self.info.n_layers} layers, got {len(kv)}")
         n = kv[0][0].shape[0]

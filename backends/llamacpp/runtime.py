@@ -18,6 +18,7 @@ import llama_cpp as L
 from llama_cpp import llama_cpp as _lowlevel
 
 from backends.base import ModelInfo
+from backends.llamacpp.kv_plan import kv_token_bytes
 
 # llama.cpp logs "<buffer type> model buffer size = <x> MiB" while it loads weights
 _BUFFER_LINE = re.compile(r"(\S+) model buffer size =\s*([0-9.]+) MiB")
@@ -123,9 +124,11 @@ def head_dim(model: L.llama_model_p) -> int:
     return L.llama_model_n_embd(model) // max(1, L.llama_model_n_head(model))
 
 
-def kv_bytes_per_token(model: L.llama_model_p) -> int:
-    """f16 K and V bytes one token takes across all layers."""
-    return 2 * 2 * L.llama_model_n_layer(model) * L.llama_model_n_head_kv(model) * head_dim(model)
+def kv_bytes_per_token(model: L.llama_model_p, kv_cache_type: str = "f16") -> int:
+    """K and V bytes one token takes across all layers in `kv_cache_type` (f16, q8_0,
+    q4_0; `kv_plan.kv_token_bytes`). Raises ValueError for a type the rows cannot take."""
+    return kv_token_bytes(L.llama_model_n_layer(model), L.llama_model_n_head_kv(model),
+                          head_dim(model), kv_cache_type)
 
 
 def rope_theta(model: L.llama_model_p, architecture: str) -> float:

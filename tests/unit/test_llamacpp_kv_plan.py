@@ -78,3 +78,61 @@ def test_bad_arguments_are_refused(max_seqs, layout, message):
     with pytest.raises(ValueError, match=message):
         check_args(max_seqs, layout)
     check_args(255, "unified")  # the largest slot count passes
+
+
+# -- KV cache types (--kv-cache-type): bytes of each, and what fits a budget -----------------
+
+
+def test_kv_bytes_per_type():
+    from backends.llamacpp.kv_plan import kv_row_bytes, kv_token_bytes
+
+    # one K row of SmolLM2 (3 heads x 64 = 192 values): 2 bytes each; 6 blocks of 34 or 18
+    assert [kv_row_bytes(192, t) for t in ("f16", "q8_0", "q4_0")] == [384, 204, 108]
+    assert [kv_token_bytes(30, 3, 64, t) for t in ("f16", "q8_0", "q4_0")] == \
+        [SMOL_KV_BYTES, 12240, 6480] == [23040, 12240, 6480]
+    # Llama-3-8B (32 layers x 8 heads x 128): 128 KiB, 68 KiB, 36 KiB a token
+    assert [kv_token_bytes(32, 8, 128, t) for t in ("f16", "q8_0", "q4_0")] == \
+        [128 << 10, 68 << 10, 36 << 10]
+
+
+def test_quantized_rows_must_be_whole_blocks_and_types_known():
+    from backends.llamacpp.kv_plan import kv_row_bytes
+
+    with pytest.raises(ValueError) as err:
+        kv_row_bytes(3 * 40, "q8_0")
+    assert str(err.value) == ("--kv-cache-type q8_0 stores blocks of 32 values; this model's "
+                              "K/V rows have 120")
+    assert kv_row_bytes(3 * 40, "f16") == 240
+    with pytest.raises(ValueError, match="^kv_cache_type must be f16, q8_0 or q4_0, not 'q5_1'$"):
+        kv_row_bytes(192, "q5_1")
+
+
+def test_auto_fits_more_sequences_of_a_quantized_cache_in_the_same_budget():
+    from backends.llamacpp.kv_plan import kv_token_bytes
+
+    # the default serve's f16 KV (16 x 8192 tokens of SmolLM2, 2.8 GiB) as the budget
+    budget = 16 * 8192 * SMOL_KV_BYTES
+    fits = {t: plan(max_seqs=255, seq_tokens=8192, split_kv_bytes=budget,
+                    kv_bytes_per_token=kv_token_bytes(30, 3, 64, t))
+            for t in ("f16", "q8_0", "q4_0")}
+    assert {t: (p.max_seqs, p.n_ctx) for t, p in fits.items()} == {
+        "f16": (16, 16 * 8192), "q8_0": (30, 30 * 8192), "q4_0": (56, 56 * 8192)}
+    # 30 sequences of q8_0: 2.8 GiB of KV, within the budget
+    assert 30 * 8192 * 12240 == 3_008_102_400 <= budget == 3_019_898_880
+    p = fits["q8_0"]
+    assert context_error(p, "m.gguf", 12240) == (
+        "llama.cpp could not create a context for m.gguf (split KV cache of 245760 tokens, "
+        "2.8 GiB): lower the concurrency or --ctx-size, or use --kv-layout unified")
+
+
+def test_flash_attention_for_a_kv_cache_type():
+    from backends.llamacpp.kv_plan import check_kv_cache_type
+
+    assert [check_kv_cache_type("f16", fa) for fa in ("auto", "on", "off")] == \
+        ["auto", "on", "off"]
+    assert [check_kv_cache_type(t, fa) for t in ("q8_0", "q4_0") for fa in ("auto", "on")] == \
+        ["on"] * 4
+    with pytest.raises(ValueError) as err:
+        check_kv_cache_type("q4_0", "off")
+    assert str(err.value) == ("--kv-cache-type q4_0 needs flash attention (llama.cpp "
+                              "quantizes the V cache only with it), which is off")
