@@ -83,7 +83,7 @@ class ChoiceState:
         else:
             self.events = self.parser.feed(out.text) if out.text else []
             if out.finished:
-                self.events += self.parser.finish()
+                self.events += self.parser.finish(cut=out.finish_reason == "length")
             self.text_parts += [e.text for e in self.events if isinstance(e, TextDelta)]
         self.n_tokens += len(out.token_ids)
         if out.logprobs:

@@ -36,11 +36,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import Field
 
 from app.server.context import Ctx, ServerContext
 from app.server.errors import bad_request
+from app.server.ollama_models import resolve
+from app.server.ollama_schemas import parse_body
 from app.server.schemas import _Body
 
 router = APIRouter()
@@ -205,11 +207,14 @@ def _ollama_tokens(embedder: Any, texts: list[str], limit: int, truncate: bool
 
 
 @router.post("/api/embed")
-async def ollama_embed(body: OllamaEmbedRequest, ctx: Ctx) -> dict[str, Any]:
+async def ollama_embed(request: Request, ctx: Ctx) -> dict[str, Any]:
     """Ollama's embed: `{"model", "embeddings": [[...]], "total_duration", "load_duration"
-    (ns: getting the embedder, which the first request makes), "prompt_eval_count"}`."""
+    (ns: getting the embedder, which the first request makes), "prompt_eval_count"}`. The
+    body is JSON whatever its `Content-Type` (as on every Ollama route: `parse_body`); an
+    unknown model is Ollama's 404 `model 'x' not found`."""
     start = time.perf_counter_ns()
-    ctx.resolve_model(body.model)
+    body = await parse_body(request, OllamaEmbedRequest)
+    resolve(ctx, body.model)
     texts = _ollama_inputs(body.input)
     embedder = await _embedder(ctx)
     loaded = time.perf_counter_ns()

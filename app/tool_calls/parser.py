@@ -57,6 +57,18 @@ _OBJECT_END = re.compile(r"\s*\}")
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*(.*?)\s*```$", re.S)
 
 
+# how a held (JSON-format) call begins, whitespace removed: `{"tool_calls": [...]}` (generic),
+# `{"name": ..}` (Llama 3), `[{"name": ..}]` (parallel calls)
+_CALL_OPENINGS = ('{"tool_calls":', '{"name":', '[{"name":')
+
+
+def _opens_a_call(text: str) -> bool:
+    """Whether `text` (a held reply that is no complete call) is the start of one."""
+    body = re.sub(r"\s+", "", text)
+    body = re.sub(r"^```[a-zA-Z]*", "", body)
+    return bool(body) and any(o.startswith(body) or body.startswith(o) for o in _CALL_OPENINGS)
+
+
 class ToolCallParser:
     """Parses one choice's text. `names`: the offered tools (loose JSON calls must name
     one); `auto`: tool_choice "auto" (free text may come first)."""
@@ -74,6 +86,7 @@ class ToolCallParser:
         self._args: list[str] = []
         self._scan = _JsonEnd()
         self._uid = ""
+        self._cut = False  # set by `finish`
 
     def feed(self, text: str) -> list[Event]:
         """Events for `text`, the choice's next piece of output."""
@@ -89,13 +102,20 @@ class ToolCallParser:
                 return []
         return self._run(final=False)
 
-    def finish(self) -> list[Event]:
-        """Events for what was held back; call once, when the choice has ended."""
+    def finish(self, cut: bool = False) -> list[Event]:
+        """Events for what was held back; call once, when the choice has ended. `cut`: the
+        reply was cut short (max tokens, the context's end). A call cut before its name
+        was complete is dropped, never handed on as text: it is the model's call markup,
+        not its words (with tool_choice "required" or a named function every reply is a
+        call, so there any unreadable rest is dropped)."""
+        self._cut = cut or not self.auto
         if self._hold:
             text, self._buf = self._buf, ""
             loose = self._loose(text)
             if loose is not None:
                 return loose
+            if not self.auto or (cut and _opens_a_call(text)):
+                return []
             if self.fmt.kind != "tagged":
                 return [TextDelta(text)] if text else []
             self._hold = False
@@ -140,8 +160,9 @@ class ToolCallParser:
         if self._name is None:
             m = _HEAD.match(self._buf)
             if m is None:
-                if final and self._buf.strip():  # not a call we can read: keep it as text
-                    self._text(events, self.fmt.trigger + self._buf)
+                if final and self._buf.strip():  # not a call we can read: keep it as text,
+                    if not self._cut:  # unless the reply was cut inside the call
+                        self._text(events, self.fmt.trigger + self._buf)
                     self._buf, self._in_call = "", False
                 return False
             self._name = json.loads(f'"{m.group(1)}"')

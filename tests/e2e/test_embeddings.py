@@ -245,3 +245,15 @@ def test_embedding_leaves_generation_alone(client: openai.OpenAI, server: Server
     assert texts == [alone_text]
     for vectors in during:
         assert np.array_equal(vectors, alone_vectors)
+
+
+def test_ollama_embed_reads_a_form_posted_body_and_names_unknown_models_ollamas_way(
+        server: Server) -> None:
+    """`curl -d` (Ollama's documented examples) says form data: the body is JSON anyway."""
+    body = '{"model": "%s", "input": "Why is the sky blue?"}'
+    r = httpx.post(f"{server.url}/api/embed", content=body % server.model,
+                   headers={**server.headers(),
+                            "Content-Type": "application/x-www-form-urlencoded"}, timeout=120)
+    assert r.status_code == 200 and len(r.json()["embeddings"]) == 1
+    assert _post(server, "/api/embed", {"model": "nope", "input": "x"}) == (
+        404, {"error": "model 'nope' not found"})

@@ -230,3 +230,21 @@ def test_qwen_auto_calls_the_tool_the_prompt_needs_then_answers(qwen: Server) ->
     assert second.choices[0].message.content
     assert second.choices[0].finish_reason == "stop"
     assert second.usage.prompt_tokens > first.usage.prompt_tokens  # the call and its result
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_by_max_tokens_is_not_text(server: Server, client: openai.OpenAI,
+                                              stream: bool) -> None:
+    """Cut after 3 tokens, inside the call's opening: no call to report, and the model's
+    call markup is not handed on as the reply's words."""
+    kw = dict(model=server.model, messages=ASK, tools=TOOLS, tool_choice="required",
+              max_tokens=3, temperature=0)
+    if stream:
+        chunks = list(client.chat.completions.create(**kw, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
+        assert (text, chunks[-1].choices[0].finish_reason) == ("", "length")
+    else:
+        r = client.chat.completions.create(**kw)
+        m = r.choices[0].message
+        assert (m.content, m.tool_calls, r.choices[0].finish_reason) == ("", None, "length")

@@ -200,3 +200,31 @@ def test_llama_bare_json_call_and_generic_replies():
     _, calls = parse(GENERIC, [reply], auto=False)
     assert [(c.name, c.arguments) for c in calls] == [
         ("get_weather", '{"city": "Oslo"}'), ("add", '{"a": 1}')]
+
+
+def cut_parse(fmt, reply, auto=True):
+    parser = ToolCallParser(fmt, {"get_weather", "add"}, auto=auto)
+    events = parser.feed(reply)
+    return events + parser.finish(cut=True), parser.calls
+
+
+@pytest.mark.parametrize("fmt, reply, auto", [
+    (GENERIC, '{"tool_calls": [{"name', True),  # cut inside the generic wrapper
+    (GENERIC, '{"tool_calls": [{"name": "add", "argu', False),
+    (LLAMA, '{"name": "add", "parameters": {"a"', True),
+    (QWEN, '[{"name": "add", "argum', True),  # a bare JSON call on a tagged model
+    (QWEN, "<tool_call>\n{\"na", True),  # cut before the name is complete
+])
+def test_a_call_cut_by_max_tokens_is_never_text(fmt, reply, auto):
+    events, calls = cut_parse(fmt, reply, auto)
+    assert text_of(events) == "" and calls == []
+
+
+def test_a_cut_call_with_its_name_stands_with_the_arguments_so_far_and_plain_text_stays():
+    events, calls = cut_parse(QWEN, 'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1')
+    assert text_of(events) == "Sure."
+    assert [(c.name, c.arguments) for c in calls] == [("add", '{"a": 1')]
+    events, calls = cut_parse(QWEN, '[1] see the do')  # words that were cut: still words
+    assert calls == [] and text_of(events) == "[1] see the do"
+    events, calls = cut_parse(GENERIC, '{"answer": 4')  # JSON that opens no call
+    assert calls == [] and text_of(events) == '{"answer": 4'
