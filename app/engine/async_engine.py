@@ -27,6 +27,7 @@ from app.engine.types import (
     EngineOverloadedError,
     EngineStats,
     PrefillProgress,
+    RequestMetrics,
     RequestOutput,
     SamplingParams,
 )
@@ -171,6 +172,12 @@ class AsyncEngine:
 
     def cancel(self, request_id: str) -> None:
         self._abort(request_id)
+
+    def request_metrics(self, request_id: str) -> RequestMetrics | None:
+        """The live `RequestMetrics` of a request in flight (the engine keeps updating the
+        object: it tells afterwards whether a first token came); None if unknown."""
+        r = self.engine.requests.get(request_id)
+        return None if r is None else r.metrics
 
     def prefilling(self) -> dict[str, PrefillProgress]:
         """`prefill_progress` of every request whose prompt is still being computed.

@@ -9,6 +9,8 @@ for at least `MIN_S` seconds, then one line when its prefill ends:
 
     tandem: prefill resp-4f2c…: 1536/3569 tokens (43%), 104 tok/s, about 20 s left
     tandem: prefill resp-4f2c…: done, 3569 tokens in 34.2 s (104 tok/s)
+
+(`cancelled after 12.3 s` instead, for a request that went away before its first token.)
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class PrefillLog:
         self.min_s = min_s
         self._stop = threading.Event()
         self._seen: dict[str, tuple[float, int]] = {}  # id -> (first seen, computed then)
+        self._metrics: dict[str, Any] = {}  # id -> its RequestMetrics, for how it ended
         self._logged: dict[str, tuple[float, int]] = {}  # id -> (last logged, prompt tokens)
         self._thread = threading.Thread(target=self._loop, name="tandem-prefill-log",
                                         daemon=True)
@@ -57,12 +60,18 @@ class PrefillLog:
             if rid in current:
                 continue
             del self._seen[rid]
+            metrics = self._metrics.pop(rid, None)
             if rid in self._logged:
                 total = self._logged.pop(rid)[1]
                 dt = now - t0
+                if metrics is not None and metrics.first_token_time is None:
+                    log.info("prefill %s: cancelled after %.1f s", rid, dt)
+                    continue
                 log.info("prefill %s: done, %d tokens in %.1f s (%.0f tok/s)", rid, total, dt,
                          (total - start) / dt if dt > 0 else 0.0)
         for rid, p in current.items():
+            if rid not in self._seen:
+                self._metrics[rid] = self.engine.request_metrics(rid)
             t0, start = self._seen.setdefault(rid, (now, p.computed))
             last = self._logged.get(rid)
             if now - t0 < self.min_s or (last is not None and now - last[0] < self.interval_s):

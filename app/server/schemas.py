@@ -1,6 +1,6 @@
 """Request bodies of the OpenAI-compatible endpoints (pydantic v2).
 
-Unknown fields are ignored, as OpenAI does (`extra="ignore"`); `null` means "use the
+Unknown fields are ignored and logged once (`_Body`); `null` means "use the
 default" for every optional field, because many clients send every field. Range checks here
 follow OpenAI's documented limits where a local server has no reason to differ; failures become
 400 `invalid_request_error` responses (see `app.server.errors`).
@@ -22,11 +22,14 @@ or <= 0, disables top-k.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+
+log = logging.getLogger("tandem.server")
 
 MAX_STOP_STRINGS = 4
 MAX_N = 64
@@ -59,8 +62,28 @@ def _lone_surrogate(value: Any) -> tuple[str, str, int] | None:
     return None
 
 
+_warned: set[tuple[str, str]] = set()  # (body class, field) already logged
+
+
 class _Body(BaseModel):
+    """A request body: unknown fields are ignored, as vLLM and llama-server ignore them
+    (clients send fields of newer API versions), and each (body, field) pair is logged
+    once at warning level, so a misspelled field (`stop_sequence`) does not pass unseen."""
+
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _log_unknown_fields(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values()
+                                             if f.alias}
+            for key in value.keys() - known:
+                if isinstance(key, str) and (cls.__name__, key) not in _warned:
+                    _warned.add((cls.__name__, key))
+                    log.warning("ignored the unknown field %r of a %s (not applied; is it "
+                                "spelled right?)", key[:80], cls.__name__)
+        return value
 
     @field_validator("*", mode="before")
     @classmethod
