@@ -123,8 +123,13 @@ async def parse_body(request: Request, model: type[B]) -> B:
     raw = await request.body()
     if not raw.strip():
         raise bad_request("missing request body")
+    try:  # Python's parser, as FastAPI's: a lone surrogate then gets its own clear 400
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body",),
+                                       "msg": f"JSON decode error: {exc}"}]) from None
     try:
-        return model.model_validate_json(raw)
+        return model.model_validate(data)
     except ValidationError as exc:
         errors = [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]
         raise RequestValidationError(errors) from None

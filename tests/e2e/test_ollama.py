@@ -342,3 +342,21 @@ def test_qwen_fills_in_the_middle(qwen: Server) -> None:
                                               suffix=kw["suffix"], max_tokens=32,
                                               temperature=0)
     assert legacy.choices[0].text == whole.response
+
+
+def test_a_lone_surrogate_and_malformed_json_get_clear_ollama_errors(server: Server) -> None:
+    def raw(body: str) -> httpx.Response:
+        return httpx.post(f"{server.url}/api/chat", content=body, headers=server.headers(),
+                          timeout=30)
+
+    lone = raw('{"model": "%s", "messages": [{"role": "user", "content": "a\\ud800b"}]}'
+               % server.model)
+    assert (lone.status_code, lone.json()) == (400, {"error": (
+        "Invalid value for 'messages[0].content': the text is not well-formed Unicode: it "
+        "holds the lone surrogate \\ud800 at index 1 (half of a UTF-16 pair; send valid "
+        "UTF-8).")})
+    broken = raw('{"model": ')
+    assert broken.status_code == 400
+    assert broken.json()["error"].startswith("We could not parse the JSON body of your "
+                                             "request. The body must be valid JSON: JSON "
+                                             "decode error: Expecting value")
