@@ -349,8 +349,8 @@ def test_a_lone_surrogate_and_malformed_json_get_clear_ollama_errors(server: Ser
         return httpx.post(f"{server.url}/api/chat", content=body, headers=server.headers(),
                           timeout=30)
 
-    lone = raw('{"model": "%s", "messages": [{"role": "user", "content": "a\\ud800b"}]}'
-               % server.model)
+    lone = raw('{"model": "' + server.model
+               + '", "messages": [{"role": "user", "content": "a\\ud800b"}]}')
     assert (lone.status_code, lone.json()) == (400, {"error": (
         "Invalid value for 'messages[0].content': the text is not well-formed Unicode: it "
         "holds the lone surrogate \\ud800 at index 1 (half of a UTF-16 pair; send valid "
