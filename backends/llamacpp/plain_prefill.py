@@ -107,9 +107,4 @@ class PlainPrefill:
         memory.state_set(seq, kvt.retarget_state(blob, seq, n_stream, stream))
 
     def close(self) -> None:
-        if getattr(self, "_ctx", None):
-            L.llama_free(self._ctx)
-            self._ctx = None
-        if getattr(self, "_model", None):
-            L.llama_model_free(self._model)
-            self._model = None
+        runtime.free_native(self)

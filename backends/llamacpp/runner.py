@@ -395,12 +395,7 @@ class LlamaCppRunner:
         if getattr(self, "plain_prefill", None) is not None:
             self.plain_prefill.close()
             self.plain_prefill = None
-        if getattr(self, "_ctx", None):
-            L.llama_free(self._ctx)
-            self._ctx = None
-        if getattr(self, "_model", None):
-            L.llama_model_free(self._model)
-            self._model = None
+        runtime.free_native(self)
 
     def __del__(self) -> None:
         try:

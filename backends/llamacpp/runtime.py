@@ -47,6 +47,17 @@ _backend_ready = False
 _default_model_params = L.llama_model_default_params
 
 
+def free_native(owner: object) -> None:
+    """Free `owner._ctx` (a llama context) and then `owner._model` (its weights) where set,
+    and clear them: idempotent, safe from `close()` and `__del__` alike."""
+    if getattr(owner, "_ctx", None):
+        L.llama_free(owner._ctx)
+        owner._ctx = None
+    if getattr(owner, "_model", None):
+        L.llama_model_free(owner._model)
+        owner._model = None
+
+
 def init_backend(verbose: bool = False) -> None:
     """Initialise llama.cpp once per process; unless `verbose`, silence its log first."""
     global _backend_ready
