@@ -7,6 +7,7 @@ assembled and checked against its GGUF tensor table.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from models.errors import ModelNotFoundError
@@ -242,12 +243,14 @@ def get_entry(name: str) -> ModelEntry:
 
 def generation_defaults(model: str | None) -> GenerationDefaults:
     """Recommended sampling settings for `model`: a registry name, or a path whose file name
-    is a registry entry's (`.../SmolLM2-135M-Instruct.Q4_1.gguf`); None means the default
-    model. Anything else gets `LLAMA_CPP_DEFAULTS`."""
+    is a registry entry's (`.../SmolLM2-135M-Instruct.Q4_1.gguf`) or its requantized copy's
+    (`...Q4_1-q8_0.gguf`, from `tandem models convert`); None means the default model.
+    Anything else gets `LLAMA_CPP_DEFAULTS`."""
     name = model or DEFAULT_MODEL
     if name in MODELS:
         return MODELS[name].defaults
     base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    base = re.sub(r"-(q8_0|q4_0|f16)\.gguf$", ".gguf", base)  # a requantized copy
     for entry in MODELS.values():
         if base == entry.filename:
             return entry.defaults

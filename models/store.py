@@ -28,6 +28,8 @@ __all__ = [
     "ModelIntegrityError",
     "ModelNotFoundError",
     "ModelStoreError",
+    "gguf_conversion_path",
+    "gguf_conversions",
     "is_present",
     "is_verified",
     "mlx_conversion_dir",
@@ -65,6 +67,20 @@ def mlx_conversion_dir(gguf_path: str | Path, dtype: str = "float16",
     `<store>/mlx/<gguf stem>-<dtype>[-q<bits>]/`. A path only; nothing is read."""
     suffix = f"-q{quantize_bits}" if quantize_bits else ""
     return store_dir() / "mlx" / f"{Path(gguf_path).stem}-{dtype}{suffix}"
+
+
+def gguf_conversion_path(gguf_path: str | Path, to: str) -> Path:
+    """Where the store keeps `gguf_path` requantized to `to` (`tandem models convert --to
+    q8_0`): `<store>/gguf/<gguf stem>-<to>.gguf`. A path only; nothing is read."""
+    return store_dir() / "gguf" / f"{Path(gguf_path).stem}-{to}.gguf"
+
+
+def gguf_conversions() -> list[Path]:
+    """The requantized GGUF files in the store (`tandem models convert --to q8_0|q4_0`)."""
+    root = store_dir() / "gguf"
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("*.gguf") if p.is_file())
 
 
 def is_present(name: str) -> bool:

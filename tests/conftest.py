@@ -52,21 +52,10 @@ def repacking_model(embedded_model: Path, tmp_path_factory: pytest.TempPathFacto
     """The embedded model requantized to Q4_0 (about 2 s, once per session): a type that
     llama.cpp repacks on the CPU (the Q4_1 original has none), for the repacked-weights
     tests. 91.7 MB in a temporary directory."""
-    import ctypes
+    from backends.llamacpp.quantize import quantize_gguf
 
-    import llama_cpp as L
-
-    from backends.llamacpp import runtime
-
-    runtime.init_backend()
     out = tmp_path_factory.mktemp("repack") / "smollm2-135m-q4_0.gguf"
-    params = L.llama_model_quantize_default_params()
-    params.ftype = L.LLAMA_FTYPE_MOSTLY_Q4_0
-    params.allow_requantize = True
-    params.nthread = 2
-    rc = L.llama_model_quantize(str(embedded_model).encode(), str(out).encode(),
-                                ctypes.byref(params))
-    assert rc == 0, f"llama_model_quantize returned {rc}"
+    quantize_gguf(embedded_model, out, "q4_0", n_threads=2)
     return out
 
 

@@ -1,4 +1,5 @@
-"""`tandem models list | pull NAME | path NAME | convert NAME --to mlx`: the model store."""
+"""`tandem models list | pull NAME | path NAME | convert NAME --to mlx|q8_0|q4_0|f16`: the
+model store."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ def register(subparsers) -> None:
         "models", help="list, download and locate known models",
         description="The model registry: list the known models with their size and whether "
         "they are downloaded, pull (download and verify) one, print a downloaded model's path, "
-        "or convert a GGUF model for the MLX backend.")
+        "convert a GGUF model for the MLX backend, or requantize it to a weight format whose "
+        "multi-token steps are cheap (q8_0, q4_0: speculative decoding verifies faster).")
     actions = parser.add_subparsers(dest="models_command", required=True, metavar="ACTION")
 
     actions.add_parser("list", help="known models, their size and whether they are downloaded")
@@ -25,15 +27,19 @@ def register(subparsers) -> None:
     path = actions.add_parser("path", help="print a downloaded model's file path")
     path.add_argument("name", help="registry name")
 
-    convert = actions.add_parser("convert", help="convert a GGUF model for another backend")
+    convert = actions.add_parser("convert", help="convert a GGUF model for MLX, or requantize "
+                                 "it (q8_0, q4_0, f16)")
     convert.add_argument("name", help="registry name or path to a .gguf")
-    convert.add_argument("--to", choices=["mlx"], required=True, help="target format")
+    convert.add_argument("--to", choices=["mlx", "q8_0", "q4_0", "f16"], required=True,
+                         help="target: an MLX directory, or a GGUF requantized by llama.cpp's "
+                         "quantizer into the store (q8_0 keeps the source's quality at about "
+                         "twice a 4-bit size; q4_0 loses some)")
     convert.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
                          default="float16", help="weight dtype of the converted model "
                          "(default: float16)")
     convert.add_argument("--quantize-bits", type=int, choices=[4, 8], default=None,
-                         help="requantize to MLX's affine format, bits per weight (lossy; "
-                         "default: keep --dtype)")
+                         help="with --to mlx: requantize to MLX's affine format, bits per "
+                         "weight (lossy; default: keep --dtype)")
 
     parser.set_defaults(func=run)
 
@@ -49,17 +55,39 @@ def run(args: argparse.Namespace) -> int:
         if args.models_command == "convert":
             return _convert(args)
         return _path(args.name)
-    except (ModelStoreError, FileNotFoundError, ValueError, ImportError) as exc:
+    except (ModelStoreError, FileNotFoundError, ValueError, ImportError, RuntimeError) as exc:
         print(f"tandem: {exc}", file=sys.stderr)
         return 1
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from backends.mlx.convert import convert_gguf_to_mlx
     from models.store import resolve_model
 
-    out = convert_gguf_to_mlx(resolve_model(args.name), dtype=args.dtype,
-                              quantize_bits=args.quantize_bits)
+    source = resolve_model(args.name)
+    if args.to != "mlx":
+        return _requantize(source, args.to)
+    from backends.mlx.convert import convert_gguf_to_mlx
+
+    out = convert_gguf_to_mlx(source, dtype=args.dtype, quantize_bits=args.quantize_bits)
+    print(out)
+    return 0
+
+
+def _requantize(source, to: str) -> int:
+    """`convert --to q8_0|q4_0|f16`: llama.cpp's quantizer into `<store>/gguf/`; prints the
+    new file's path (pass it as `--model`). An existing conversion is kept, not redone."""
+    from backends.llamacpp.quantize import quantize_gguf
+    from models.store import gguf_conversion_path, is_mlx_dir
+
+    if is_mlx_dir(source):
+        raise ValueError(f"{source} is an MLX directory; --to {to} needs a GGUF model")
+    out = gguf_conversion_path(source, to)
+    if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
+        print("tandem: already converted", file=sys.stderr)
+    else:
+        print(f"tandem: requantizing {source.name} to {to} (llama.cpp's quantizer)...",
+              file=sys.stderr)
+        quantize_gguf(source, out, to)
     print(out)
     return 0
 
@@ -68,8 +96,9 @@ def _list() -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from models.registry import DEFAULT_MODEL, LLAMA_CPP_DEFAULTS, MODELS
-    from models.store import is_present, mlx_conversions, model_path
+    from app.bench.charts import model_and_format
+    from models.registry import DEFAULT_MODEL, LLAMA_CPP_DEFAULTS, MODELS, generation_defaults
+    from models.store import gguf_conversions, is_present, mlx_conversions, model_path
 
     table = Table(box=None, pad_edge=False)
     for column in ("name", "size", "present", "sampling defaults", "path"):
@@ -83,6 +112,10 @@ def _list() -> int:
         size = sum(f.stat().st_size for f in conv.iterdir() if f.is_file())
         table.add_row(f"{conv.name} (MLX)", f"{size / 1e6:,.0f} MB", "yes",
                       LLAMA_CPP_DEFAULTS.describe(), str(conv))
+    for conv in gguf_conversions():  # `tandem models convert --to q8_0|q4_0|f16` output
+        fmt = model_and_format(conv)[1].removeprefix("GGUF ")
+        table.add_row(f"{conv.stem} ({fmt})", f"{conv.stat().st_size / 1e6:,.0f} MB", "yes",
+                      generation_defaults(str(conv)).describe(), str(conv))
     console = Console()
     if not console.is_terminal:
         console = Console(width=240)  # piped: never wrap or cut the paths
