@@ -124,7 +124,20 @@ def weights_facts(model: str | None) -> dict[str, Any] | None:
         return None
     verdict = repack_verdict(path)
     return {"model": Path(path).name, "repacked": verdict.repack, "reason": verdict.reason,
-            "weight_buffers": verdict.weight_buffers}
+            "weight_buffers": verdict.weight_buffers, **format_facts(path)}
+
+
+def format_facts(path: Path) -> dict[str, Any]:
+    """The GGUF's weight format ("Q4_K_M"), whether llama.cpp runs its multi-token steps
+    through tiled matmuls (cheap speculative verify steps), and the requantized copies of it
+    in the store (`tandem models convert --to ...`) as {format: path}."""
+    from app.bench.charts import model_and_format
+    from backends.llamacpp.quantize import TARGETS, TILED_FORMATS
+    from models.store import gguf_conversion_path
+
+    fmt = model_and_format(path)[1].removeprefix("GGUF ")
+    copies = {to: str(p) for to in TARGETS if (p := gguf_conversion_path(path, to)).is_file()}
+    return {"format": fmt, "tiled_matmuls": fmt in TILED_FORMATS, "conversions": copies}
 
 
 def collect(requested: str | None = None, model: str | None = None) -> dict[str, Any]:
@@ -185,12 +198,26 @@ def _print(f: dict[str, Any]) -> None:
                      w["weight_buffers"] else "as stored in the file")
             state = "on" if w["repacked"] else "off"
             line("weights", f"{w['model']}: {shown} (repacked weights {state}: {w['reason']})")
+            line("weight format", _format_advice(w))
     else:
         line("llama.cpp", "not installed")
     if f.get("backend"):
         line("backend", f"{f['backend']}: {f['reason']}")
     else:
         line("backend", f"none: {f['reason']}")
+
+
+def _format_advice(w: dict[str, Any]) -> str:
+    """One line: the format, what it means for speculative verify steps, what to do."""
+    fmt = w.get("format") or "unknown"
+    copies = ", ".join(f"{to} at {p}" for to, p in w.get("conversions", {}).items())
+    if w.get("tiled_matmuls"):
+        cost = "tiled matmuls: multi-token verify steps are cheap, drafts can pay"
+    else:
+        cost = ("per-token dot products: a verify step costs about as many one-token steps "
+                "as it has tokens; `tandem models convert MODEL --to q8_0` gives cheap verify "
+                "steps in a larger file: compare both with `tandem bench --workload`")
+    return f"{fmt} ({cost})" + (f"; converted: {copies}" if copies else "")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,6 +18,11 @@ TARGETS = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
            "f16": "LLAMA_FTYPE_MOSTLY_F16"}
 
 
+# weight formats whose multi-token steps go through llama.cpp's tiled CPU matmuls, so a
+# verify step of n tokens costs far less than n one-token steps (issue 30's t(n)/t(1) table)
+TILED_FORMATS = ("Q4_0", "Q8_0", "F16", "BF16", "F32")
+
+
 def quantize_gguf(src: str | Path, dst: str | Path, to: str, n_threads: int | None = None
                   ) -> Path:
     """Write `src` requantized to `to` ("q8_0", "q4_0" or "f16") at `dst`, atomically (a

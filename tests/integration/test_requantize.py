@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -53,6 +54,12 @@ def test_convert_to_q8_0_lists_loads_and_keeps_defaults(env: dict[str, str]) -> 
     # the sampling defaults column is the embedded model's (rep 1.05), not llama.cpp's
     assert [" ".join(row[5:-1]) for row in rows if row[0].endswith("-q8_0")] == [
         "temp 0.2 · top-p 0.9 · rep 1.05"]
+
+    doctor = json.loads(tandem(env, "doctor", "--json").stdout)["weights"]
+    assert {k: doctor[k] for k in ("format", "tiled_matmuls", "conversions")} == {
+        "format": "Q4_1", "tiled_matmuls": False, "conversions": {"q8_0": str(out)}}
+    doctor = json.loads(tandem(env, "doctor", "--json", "--model", str(out)).stdout)["weights"]
+    assert (doctor["format"], doctor["tiled_matmuls"]) == ("Q8_0", True)
 
     run = tandem(env, "run", "--model", str(out), "--max-tokens", "4", "--temperature", "0",
                  "--spec", "off", "The capital of France is")
