@@ -279,6 +279,7 @@ class ModelPool:
         finally:
             slot.waiters -= 1
             self._waiting -= 1
+            self._notify()  # a model nobody waits for any more may be unloaded
 
     def _lease(self, slot: Slot, keep_alive: float | None | str) -> Lease:
         slot.leases += 1
@@ -402,15 +403,18 @@ class ModelPool:
                     return
                 if not slot.waiters:
                     raise busy(slot.name, self.wait_s)
-                idle = [s for s in loaded if not s.leases]
+                # idle: no running request, and none about to lease it (a model just
+                # loaded for its waiters) unless those wait for it to drain
+                idle = [s for s in loaded if not s.leases and (s.draining or not s.waiters)]
                 if idle:
                     self._unload(min(idle, key=lambda s: s.last_used), f"room for {slot.name}")
                     continue
-                if not any(s.draining for s in loaded):
-                    victim = min(loaded, key=lambda s: s.last_used)
+                busy_ = [s for s in loaded if s.leases]
+                if busy_ and not any(s.draining for s in loaded):
+                    victim = min(busy_, key=lambda s: s.last_used)
                     victim.draining = True
                     log.info("draining %s (room for %s)", victim.name, slot.name)
-                await self._event().wait()
+                await self._event().wait()  # a request ends, a waiter leases or gives up
         finally:  # loaded or given up: a model still draining serves new requests again
             if any(s.draining for s in self._order):
                 for s in self._order:
