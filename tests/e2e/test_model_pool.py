@@ -101,7 +101,7 @@ def test_a_second_model_loads_on_demand_and_the_first_makes_room(url: str) -> No
 
 
 def test_a_model_is_never_unloaded_under_a_running_stream(url: str) -> None:
-    long = {"max_tokens": 300, "ignore_eos": True}
+    long = {"max_tokens": 100, "ignore_eos": True}
     expected = chat(url, DEFAULT, **long).json()["choices"][0]["message"]["content"]
     order: list[str] = []
     started = threading.Event()
