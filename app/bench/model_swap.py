@@ -9,11 +9,14 @@ unloaded again (Ollama's `keep_alive: 0`) so its first-load probes and profiles 
 as they are on a machine that served it before. Then one greedy stream of `--tokens`
 tokens runs on the first model; after `--before` tokens a chat request (one token) names
 the second model, which loads it. Inter-token gaps of the stream (seconds between content
-chunks) are split at that request: before it, and during the load (from the request until
-its reply). Numbers are noisy on a shared machine: compare the ratio from one run.
+chunks) are split at that request: before it, during the load (from the request until
+`/tandem/ps` lists the second model as loaded, polled every 20 ms), and during the second
+model's reply (its prefill and token, after the load). Numbers are noisy on a shared
+machine: compare the ratio from one run.
 
-Prints one JSON object: `before` and `during` ({"n", "p50", "p99"} in ms), `p99_ratio`
-(during / before), `load_s` (the second request's time to its reply, load included),
+Prints one JSON object: `before`, `during` and `second_reply` ({"n", "p50", "p99"} in
+ms), `p99_ratio` (during / before), `load_s` (request to loaded), `second_reply_s`
+(request to its reply),
 `stream_ok` / `second_ok`, and the settings.
 
 usage: python -m app.bench.model_swap [--model NAME_OR_PATH] [--second PATH]
@@ -73,6 +76,17 @@ def _stream(url: str, model: str, tokens: int, arrivals: list[float], before: in
         reached.set()
 
 
+def _watch_load(url: str, loaded_at: list[float], timeout: float = 600.0) -> None:
+    """Append the time `SECOND` is first listed as loaded (polled every 20 ms)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ps = httpx.get(f"{url}/tandem/ps?loaded=true", timeout=10).json()["models"]
+        if any(m["name"] == SECOND for m in ps):
+            loaded_at.append(time.perf_counter())
+            return
+        time.sleep(0.02)
+
+
 def measure(url: str, first: str, tokens: int, before: int) -> dict:
     """One stream on `first`, the second model requested after `before` tokens."""
     warm = {"model": SECOND, "messages": ASK, "max_tokens": 1}
@@ -92,18 +106,26 @@ def measure(url: str, first: str, tokens: int, before: int) -> dict:
                                                     reached, result))
     stream.start()
     reached.wait(600)
+    loaded_at: list[float] = []
+    watcher = threading.Thread(target=_watch_load, args=(url, loaded_at))
     t0 = time.perf_counter()
+    watcher.start()
     r = httpx.post(f"{url}/v1/chat/completions", json={**warm, "max_tokens": 1}, timeout=600)
     t1 = time.perf_counter()
+    watcher.join(60)
     stream.join(600)
+    t_loaded = loaded_at[0] if loaded_at else t1
     gaps = [(b, b - a) for a, b in zip(arrivals, arrivals[1:], strict=False)]
     pre = [g for t, g in gaps if t < t0]
-    during = [g for t, g in gaps if t0 <= t <= t1]
-    p_pre, p_during = percentiles(pre), percentiles(during)
+    during = [g for t, g in gaps if t0 <= t <= t_loaded]
+    reply = [g for t, g in gaps if t_loaded < t <= t1]
+    p_pre, p_during, p_reply = percentiles(pre), percentiles(during), percentiles(reply)
     return {
         "before": {"n": len(pre), **p_pre}, "during": {"n": len(during), **p_during},
+        "second_reply": {"n": len(reply), **p_reply},
         "p99_ratio": ratio(p_during["p99"] or 0.0, p_pre["p99"] or 0.0),
-        "load_s": round(t1 - t0, 3), "stream_tokens": len(arrivals),
+        "load_s": round(t_loaded - t0, 3), "second_reply_s": round(t1 - t0, 3),
+        "stream_tokens": len(arrivals),
         "stream_ok": result.get("status") == 200 and result.get("finish_reason") == "length",
         "second_ok": r.status_code == 200,
         "tokens_after_load": sum(1 for t in arrivals if t > t1),
