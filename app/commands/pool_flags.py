@@ -61,7 +61,7 @@ def add_pool_args(p: argparse.ArgumentParser) -> None:
                    "--model model stays until evicted (default: 5m)")
     p.add_argument("--alias", type=alias, action="append", default=[], metavar="NAME=MODEL",
                    help="let requests name MODEL (a model of the store) NAME too, e.g. "
-                   "gpt-4o-mini=qwen2.5-coder-1.5b-instruct (repeatable)")
+                   "gpt-4o-mini=qwen2.5-coder-1.5b-instruct (repeatable; default: none)")
 
 
 def make_pool(args: argparse.Namespace, engine: Any, flags: tuple, spec_names: set[str]
