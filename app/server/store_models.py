@@ -1,7 +1,8 @@
 """The models a server can serve: the GGUF files of the model store, by name.
 
-`scan_store(root)` lists `<root>/*.gguf` (dot files, such as a download's `.part` temp
-file, are skipped; a symbolic link counts as the file it points to). A file that is a
+`scan_store(root)` lists `<root>/*.gguf` and `<root>/gguf/*.gguf` (requantized copies)
+(dot files, such as a download's `.part` temp file, are skipped; a symbolic link counts as
+the file it points to). A file that is a
 registry entry's (`models.registry.MODELS`, e.g. `SmolLM2-135M-Instruct.Q4_1.gguf`) is
 called by the registry name (`smollm2-135m-instruct`); any other file by its stem
 (`my-model.gguf` -> `my-model`). A request may also name a model by its file name or stem
@@ -42,13 +43,18 @@ def store_model(path: Path, name: str | None = None) -> StoreModel:
 
 
 def scan_store(root: Path) -> list[StoreModel]:
-    """The GGUF files directly in `root`, by file name; [] when `root` does not exist."""
+    """The GGUF files directly in `root`, then those in `root/gguf` (the requantized copies
+    `tandem models convert --to q8_0` writes), each by file name; [] when `root` does not
+    exist."""
+    return [store_model(p) for p in (*_gguf_files(root), *_gguf_files(root / "gguf"))]
+
+
+def _gguf_files(folder: Path) -> list[Path]:
     try:
-        files = sorted(p for p in root.iterdir()
-                       if p.suffix == ".gguf" and not p.name.startswith(".") and p.is_file())
+        return sorted(p for p in folder.iterdir()
+                      if p.suffix == ".gguf" and not p.name.startswith(".") and p.is_file())
     except OSError:
         return []
-    return [store_model(p) for p in files]
 
 
 def file_size(path: Path) -> int:

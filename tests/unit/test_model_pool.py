@@ -50,6 +50,8 @@ def store(tmp_path: Path) -> Path:
     for name in ("SmolLM2-135M-Instruct.Q4_1.gguf", "b.gguf", "c.gguf", "broken.gguf"):
         (tmp_path / name).write_bytes(b"GGUF" + b"\0" * 96)
     (tmp_path / ".b.gguf.part").write_bytes(b"GGUF")  # a download in progress: not listed
+    (tmp_path / "gguf").mkdir()  # `tandem models convert --to q8_0` output
+    (tmp_path / "gguf" / "SmolLM2-135M-Instruct.Q4_1-q8_0.gguf").write_bytes(b"GGUF")
     return tmp_path
 
 
@@ -68,7 +70,8 @@ def loaded(pool: ModelPool) -> list[str]:
 def test_names_aliases_and_the_404_that_lists_them(store: Path) -> None:
     pool, _ = make_pool(store, Loader())
     pool.add_alias("gpt-4o-mini", "b")
-    assert pool.names() == ["smollm2-135m-instruct", "b", "broken", "c"]
+    assert pool.names() == ["smollm2-135m-instruct", "b", "broken", "c",
+                            "SmolLM2-135M-Instruct.Q4_1-q8_0"]
     for name in ("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf",
                  "smollm2-135m-instruct:latest", None, ""):
         assert pool.slot(name) is pool.default
@@ -77,7 +80,8 @@ def test_names_aliases_and_the_404_that_lists_them(store: Path) -> None:
         pool.slot("nope")
     assert (err.value.status, err.value.code, err.value.message) == (
         404, "model_not_found", "The model `nope` does not exist. This server serves "
-        "`smollm2-135m-instruct`, `b`, `broken`, `c` (aliases: `gpt-4o-mini`).")
+        "`smollm2-135m-instruct`, `b`, `broken`, `c`, `SmolLM2-135M-Instruct.Q4_1-q8_0` "
+        "(aliases: `gpt-4o-mini`).")
     with pytest.raises(ValueError, match="--alias x=nope: no model 'nope'"):
         pool.add_alias("x", "nope")
     (store / "d.gguf").write_bytes(b"GGUF")  # a model pulled while serving
