@@ -22,6 +22,7 @@ from app.commands.engine_flags import (
 )
 from app.commands.graceful import GracefulServer, bind_socket
 from app.commands.peer_flags import add_peer_args
+from app.commands.pool_flags import add_pool_args, make_pool
 from app.config import EngineArgs
 from app.disagg.report import startup_line
 from backends.llamacpp.plain_prefill import PLAIN_PREFILL_MIN_TOKENS
@@ -47,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_engine_args(p, COMMON + (MAX_CONCURRENCY, MAX_QUEUE),
                     defaults=EngineArgs(model=os.environ.get("TANDEM_MODEL") or DEFAULT_MODEL))
     add_peer_args(p)
+    add_pool_args(p)
     p.add_argument(
         "--cors-origin",
         nargs="+",
@@ -118,14 +120,22 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(f"tandem serve: {exc}", file=sys.stderr)
         return 1
+    pool = None
     try:
+        aliases = model_aliases(spec, engine.model_name)
+        try:  # every model of the store, loaded on demand (`app.server.model_pool`)
+            pool = make_pool(args, engine, COMMON + (MAX_CONCURRENCY, MAX_QUEUE), aliases)
+        except ValueError as exc:
+            print(f"tandem serve: {exc}", file=sys.stderr)
+            return 1
         app = create_app(
             engine,
             api_key=api_key or None,
             model_name=engine.model_name,
-            aliases=model_aliases(spec, engine.model_name),
+            aliases=aliases,
             cors_origins=args.cors_origin,
             defaults=generation_defaults(spec),  # for what a request leaves out
+            pool=pool,
         )
         config = uvicorn.Config(
             app,
@@ -169,7 +179,10 @@ def run(args: argparse.Namespace) -> int:
         finally:
             prefills.stop()
     finally:
-        engine.shutdown()
+        if pool is not None:
+            pool.close()  # every model still loaded, the first one included
+        else:
+            engine.shutdown()
     return 0
 
 

@@ -16,12 +16,13 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.server import routes_chat, routes_completions, routes_misc, routes_ollama
+from app.server import routes_chat, routes_completions, routes_misc, routes_ollama, routes_pool
 from app.server.auth import APIKeyMiddleware
 from app.server.context import ServerContext
 from app.server.errors import install_error_handlers
 from app.server.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestLimitsMiddleware
 from app.server.metrics import ServerMetrics
+from app.server.model_pool import ModelLeases
 from app.server.routes_embeddings import router as embeddings_router
 from app.server.routes_messages import router as messages_router
 from app.server.routes_responses import router as responses_router
@@ -58,6 +59,7 @@ def create_app(
     defaults: GenerationDefaults | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     body_timeout_s: float = BODY_TIMEOUT_S,
+    pool: Any = None,
 ) -> FastAPI:
     """An app serving `engine` (an `AsyncEngine`, or anything with its API).
 
@@ -66,14 +68,15 @@ def create_app(
     Bearer <api_key>`; `/health` and `/metrics` stay open. `cors_origins` enables CORS for
     those origins (`"*"` for any). `defaults`: the model's recommended sampling settings
     for what a request leaves out (None: OpenAI's). A body over `max_body_bytes` is a 413,
-    one whose next chunk takes over `body_timeout_s` seconds a 408.
+    one whose next chunk takes over `body_timeout_s` seconds a 408. `pool`: a
+    `model_pool.ModelPool` whose default model `engine` is, to serve the model store.
     """
     name = model_name or str(engine.model_name)
     metrics = ServerMetrics(engine)
     app = FastAPI(title="tandem", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.ctx = ServerContext(
         engine=engine, model_name=name, aliases=frozenset(aliases), metrics=metrics,
-        defaults=defaults,
+        defaults=defaults, pool=pool,
     )
     install_error_handlers(app)
     app.include_router(routes_chat.router)
@@ -84,6 +87,9 @@ def create_app(
     app.include_router(responses_router)
     app.include_router(routes_misc.public)
     app.include_router(routes_ollama.router)
+    if pool is not None:
+        app.include_router(routes_pool.router)
+        app.add_middleware(ModelLeases)  # innermost: a request's leases end with its reply
     if api_key:  # added first: innermost, so CORS answers preflights without a key
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     origins = list(cors_origins)

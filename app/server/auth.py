@@ -1,4 +1,4 @@
-"""API-key check on `/v1` and `/api` paths, compared in constant time: `Authorization:
+"""API-key check on `/v1`, `/api` and `/tandem` paths, compared in constant time: `Authorization:
 Bearer KEY`, or Anthropic's `x-api-key: KEY` header (what the `anthropic` client and Claude
 Code send). A refusal is a 401 in the shape of the path's API (`app.server.errors`).
 
@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.server.errors import APIError
 
-GUARDED_PREFIXES = ("/v1", "/api/")
+GUARDED_PREFIXES = ("/v1", "/api/", "/tandem/")
 
 
 def check_api_key(expected: str, authorization: str, x_api_key: str = "") -> APIError | None:

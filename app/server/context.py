@@ -20,7 +20,9 @@ class ServerContext:
     `engine` is an `AsyncEngine` (or anything with its API); `model_name` is the id
     `/v1/models` lists; `aliases` are further names a request's `model` may use (the registry
     name, the file name and stem); `defaults` the model's recommended sampling settings
-    (None: OpenAI's defaults), used for every field a request leaves out.
+    (None: OpenAI's defaults), used for every field a request leaves out. `pool`: the
+    `app.server.model_pool.ModelPool` of a server that serves the model store (None: this
+    one model); routes then serve through `model_pool.model_context`.
     """
 
     engine: Any
@@ -31,6 +33,7 @@ class ServerContext:
     created: int = field(default_factory=lambda: int(time.time()))
     open_streams: set[Any] = field(default_factory=set)  # engine streams of open responses
     stopping: bool = False
+    pool: Any = None
 
     def end_streams(self) -> int:
         """The server is stopping and its grace period is over: cancel every open engine
@@ -48,9 +51,13 @@ class ServerContext:
 
         Raises APIError 404 `model_not_found` when the name is neither the served model nor
         one of its aliases (compared case-insensitively). A missing `model` means the served one.
+        With a pool, any model of the pool (the 404 lists them).
         """
         if requested is None or requested == "":
             return self.model_name
+        if self.pool is not None:
+            self.pool.slot(requested)
+            return requested
         names = {self.model_name.lower(), *(a.lower() for a in self.aliases)}
         if requested.lower() in names:
             return requested

@@ -200,8 +200,12 @@ def now_iso() -> str:
 
 
 def facts(state: Any, ctx: ServerContext) -> ModelFacts:
-    """The app's `ModelFacts`, built on first use and kept on `app.state`."""
-    found = getattr(state, "ollama_facts", None)
+    """The `ModelFacts` of the model `ctx` serves, built on first use and kept on
+    `app.state` (per model name: a server with a model pool serves several)."""
+    cache = getattr(state, "ollama_facts", None)
+    if cache is None:
+        cache = state.ollama_facts = {}
+    found = cache.get(ctx.model_name)
     if found is None:
-        found = state.ollama_facts = ModelFacts(ctx)
+        found = cache[ctx.model_name] = ModelFacts(ctx)
     return found

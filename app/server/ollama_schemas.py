@@ -212,8 +212,9 @@ def response_format(value: Any) -> Any:
 
 
 def check_keep_alive(value: Any) -> None:
-    """`keep_alive` must be what Ollama parses (seconds, or a Go duration such as "5m"); it
-    changes nothing here: the one model stays loaded while tandem runs."""
+    """`keep_alive` must be what Ollama parses (seconds, or a Go duration such as "5m");
+    a server with a model pool applies it (`model_pool.keep_alive_seconds`), a one-model
+    server keeps its model loaded while it runs."""
     if isinstance(value, str) and value and not _DURATION.match(value):
         raise bad_request(f'time: invalid duration "{value}"', "keep_alive")
 

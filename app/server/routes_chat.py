@@ -33,6 +33,7 @@ from app.server.generation import (
     usage,
 )
 from app.server.logprobs import chat_content
+from app.server.model_pool import model_context
 from app.server.responses import (
     Choice,
     envelope,
@@ -117,6 +118,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Ctx) -> Response:
     model = ctx.resolve_model(body.model)
+    ctx = await model_context(request, ctx, body.model)
     refuse_deprecated(body)
     tools = parse_tools(body.tools)
     if body.top_logprobs is not None and not body.logprobs:

@@ -37,6 +37,7 @@ from app.server.generation import (
     usage,
 )
 from app.server.logprobs import LegacyLogprobs, merge_legacy
+from app.server.model_pool import model_context
 from app.server.prediction import prediction_ids
 from app.server.response_format import refuse_tool_fields, response_grammar
 from app.server.responses import (
@@ -102,6 +103,7 @@ class _Echo:
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, ctx: Ctx) -> Response:
     model = ctx.resolve_model(body.model)
+    ctx = await model_context(request, ctx, body.model)
     refuse_tool_fields(body)
     n = body.n or 1
     if body.best_of is not None and body.best_of != n:

@@ -41,6 +41,7 @@ from pydantic import Field
 
 from app.server.context import Ctx, ServerContext
 from app.server.errors import bad_request
+from app.server.model_pool import keep_alive_seconds, model_context
 from app.server.ollama_models import resolve
 from app.server.ollama_schemas import parse_body
 from app.server.schemas import _Body
@@ -151,10 +152,12 @@ def _openai_tokens(embedder: Any, inputs: list[str | list[int]]) -> list[list[in
 
 
 @router.post("/v1/embeddings")
-async def create_embeddings(body: EmbeddingsRequest, ctx: Ctx) -> dict[str, Any]:
+async def create_embeddings(body: EmbeddingsRequest, request: Request, ctx: Ctx
+                            ) -> dict[str, Any]:
     """OpenAI's embeddings: `{"object": "list", "data": [{"object": "embedding", "index",
     "embedding": floats or base64}], "model", "usage": {"prompt_tokens", "total_tokens"}}`."""
     model = ctx.resolve_model(body.model)
+    ctx = await model_context(request, ctx, body.model)
     inputs = _openai_inputs(body.input)
     embedder = await _embedder(ctx)
     if body.dimensions is not None and body.dimensions != embedder.n_embd:
@@ -215,6 +218,7 @@ async def ollama_embed(request: Request, ctx: Ctx) -> dict[str, Any]:
     start = time.perf_counter_ns()
     body = await parse_body(request, OllamaEmbedRequest)
     resolve(ctx, body.model)
+    ctx = await model_context(request, ctx, body.model, keep_alive_seconds(body.keep_alive))
     texts = _ollama_inputs(body.input)
     embedder = await _embedder(ctx)
     loaded = time.perf_counter_ns()

@@ -59,6 +59,7 @@ from app.server.chat_core import (
 from app.server.context import Ctx, ServerContext
 from app.server.errors import ANTHROPIC_PREFIX, APIError, bad_request
 from app.server.generation import ChoiceState, Job, submit_jobs
+from app.server.model_pool import model_context
 from app.server.responses import respond
 from app.server.schemas import SamplingFields
 from app.server.schemas_messages import (
@@ -311,9 +312,10 @@ async def prompt_ids(ctx: ServerContext, chat: ChatInput) -> list[int]:
 
 
 @router.post("/v1/messages/count_tokens")
-async def count_tokens(ctx: Ctx, body: JSONObject) -> JSONResponse:
+async def count_tokens(request: Request, ctx: Ctx, body: JSONObject) -> JSONResponse:
     req = parse(CountTokensRequest, body)
     ctx.resolve_model(req.model)
+    ctx = await model_context(request, ctx, req.model)
     ids = await prompt_ids(ctx, chat_input(req))
     return JSONResponse({"input_tokens": len(ids)})
 
@@ -322,6 +324,7 @@ async def count_tokens(ctx: Ctx, body: JSONObject) -> JSONResponse:
 async def messages(request: Request, ctx: Ctx, body: JSONObject) -> Response:
     req: MessagesRequest = parse(MessagesRequest, body)
     model = ctx.resolve_model(req.model)
+    ctx = await model_context(request, ctx, req.model)
     chat = chat_input(req, req.max_tokens, _sampling(req))
     msg_id = f"msg_{uuid.uuid4().hex[:24]}"
     try:

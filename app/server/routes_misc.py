@@ -8,6 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from app.server.context import Ctx, ServerContext
+from app.server.store_models import file_mtime, file_size
 
 router = APIRouter()  # under the API key
 public = APIRouter()  # open: liveness probes and Prometheus scrapes
@@ -23,9 +24,24 @@ def _model_card(ctx: ServerContext) -> dict[str, Any]:
     }
 
 
+def _pool_card(slot: Any) -> dict[str, Any]:
+    """A store model's card: `size` (file bytes), `loaded`, and `context_length` while
+    loaded (it is known once the model is)."""
+    card: dict[str, Any] = {"id": slot.name, "object": "model",
+                            "created": int(file_mtime(slot.model.path)), "owned_by": "tandem",
+                            "size": file_size(slot.model.path), "loaded": slot.engine is not None}
+    if slot.engine is not None:
+        card["context_length"] = int(slot.engine.context_length)
+    return card
+
+
 @router.get("/v1/models")
-async def list_models(ctx: Ctx) -> dict[str, Any]:
-    """The served model, in OpenAI's list shape."""
+async def list_models(ctx: Ctx, loaded: bool = False) -> dict[str, Any]:
+    """The served model, in OpenAI's list shape; with a pool every model of the store
+    (`?loaded=true`: the loaded ones)."""
+    if ctx.pool is not None:
+        return {"object": "list", "data": [_pool_card(s) for s in ctx.pool.slots()
+                                           if s.engine is not None or not loaded]}
     return {"object": "list", "data": [_model_card(ctx)]}
 
 
@@ -33,6 +49,8 @@ async def list_models(ctx: Ctx) -> dict[str, Any]:
 async def get_model(model_id: str, ctx: Ctx) -> dict[str, Any]:
     """One model card; 404 `model_not_found` for any other name."""
     ctx.resolve_model(model_id)
+    if ctx.pool is not None:
+        return _pool_card(ctx.pool.slot(model_id))
     return _model_card(ctx)
 
 

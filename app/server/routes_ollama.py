@@ -21,8 +21,10 @@ included), `prompt_eval_duration` (scheduled to first token), `eval_count` (repl
 `eval_duration` (first token to the end).
 
 An empty chat (no messages) or an empty generate prompt (no suffix) is a load request,
-answered at once with `"done_reason": "load"` as Ollama does; `keep_alive` is accepted
-(checked, see `ollama_schemas.check_keep_alive`) and changes nothing.
+answered at once with `"done_reason": "load"` as Ollama does (with a model pool it loads
+the model; with `keep_alive: 0` it unloads it, as `ollama stop` asks). `keep_alive` sets
+how long the model stays loaded after the reply (`app.server.model_pool`); a one-model
+server checks it and keeps its model.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from app.prompts import raw_prompt_ids
+from app.server import ollama_pool
 from app.server.chat_core import ChatInput, chat_events, prepare_chat_jobs
 from app.server.context import Ctx, ServerContext
 from app.server.errors import APIError, bad_request
@@ -51,6 +54,7 @@ from app.server.generation import (
     sampling_params,
     submit_jobs,
 )
+from app.server.model_pool import keep_alive_seconds, model_context
 from app.server.ollama_models import facts, now_iso, resolve
 from app.server.ollama_schemas import (
     OllamaChatRequest,
@@ -78,7 +82,7 @@ OLLAMA_VERSION = "0.12.0"
 NDJSON = "application/x-ndjson"
 ROLES = ("system", "user", "assistant", "tool")
 # a model that stays loaded is listed by Ollama with this far-off expiry
-FOREVER = "2318-11-26T00:00:00Z"
+FOREVER = ollama_pool.FOREVER
 DONE_REASONS = {"tool_calls": "stop"}
 
 
@@ -96,28 +100,39 @@ async def version() -> dict[str, str]:
 
 @router.get("/api/tags")
 async def tags(request: Request, ctx: Ctx) -> dict[str, Any]:
+    """The served model; with a model pool every model of the store (`ollama_pool`)."""
+    if ctx.pool is not None:
+        return {"models": await ollama_pool.tags(request.app.state, ctx)}
     f = facts(request.app.state, ctx)
     return {"models": [f.listing(await f.digest())]}
 
 
 @router.get("/api/ps")
 async def ps(request: Request, ctx: Ctx) -> dict[str, Any]:
-    """The served model, loaded until tandem stops; `size_vram`: bytes of weights in
+    """The loaded models: the served one, loaded until tandem stops (with a model pool:
+    each loaded model and when its keep-alive unloads it); `size_vram`: bytes of weights in
     non-CPU buffers."""
-    f = facts(request.app.state, ctx)
+    if ctx.pool is not None:
+        return {"models": await ollama_pool.ps(request.app.state, ctx)}
+    return {"models": [await ps_entry(request.app.state, ctx, FOREVER)]}
+
+
+async def ps_entry(state: Any, ctx: ServerContext, expires_at: str) -> dict[str, Any]:
+    """One `/api/ps` entry: the model `ctx` serves, unloaded at `expires_at`."""
+    f = facts(state, ctx)
     buffers = (ctx.engine.describe().get("weight_buffers") if hasattr(ctx.engine, "describe")
                else None) or {}
     vram = sum(mib for name, mib in buffers.items() if not str(name).upper().startswith("CPU"))
-    return {"models": [{"name": f.name, "model": f.name, "size": f.size,
-                        "digest": await f.digest(), "details": f.details,
-                        "expires_at": FOREVER, "size_vram": int(vram * 2**20),
-                        "context_length": ctx.context_length}]}
+    return {"name": f.name, "model": f.name, "size": f.size, "digest": await f.digest(),
+            "details": f.details, "expires_at": expires_at, "size_vram": int(vram * 2**20),
+            "context_length": ctx.context_length}
 
 
 @router.post("/api/show")
 async def show(request: Request, ctx: Ctx) -> dict[str, Any]:
     body = await parse_body(request, OllamaShowRequest)
     resolve(ctx, body.model or body.name)
+    ctx = await model_context(request, ctx, body.model or body.name)
     f = facts(request.app.state, ctx)
     source = str(f.path) if f.path else f.name
     modelfile = (f"# Modelfile of the model tandem serves\nFROM {source}\n"
@@ -142,6 +157,7 @@ async def chat(request: Request, ctx: Ctx) -> Response:
     body = await parse_body(request, OllamaChatRequest)
     model = resolve(ctx, body.model)
     check_common(body)
+    ctx = await model_context(request, ctx, body.model, keep_alive_seconds(body.keep_alive))
     if not body.messages:
         return JSONResponse(_load_reply(model, chat=True))
     messages = template_messages(body.messages, model)
@@ -167,6 +183,7 @@ async def generate(request: Request, ctx: Ctx) -> Response:
     body = await parse_body(request, OllamaGenerateRequest)
     model = resolve(ctx, body.model)
     check_common(body)
+    ctx = await model_context(request, ctx, body.model, keep_alive_seconds(body.keep_alive))
     refuse_images(body.images, model, "images")
     for name in ("width", "height", "steps"):
         if getattr(body, name) is not None:

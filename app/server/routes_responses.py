@@ -37,6 +37,7 @@ from app.server.chat_core import ChatEvent, ChatInput, Finished, chat_events, pr
 from app.server.context import Ctx, ServerContext
 from app.server.errors import APIError
 from app.server.generation import ChoiceState, submit_jobs
+from app.server.model_pool import model_context
 from app.server.responses import respond
 from app.server.responses_input import (
     ResponsesRequest,
@@ -61,6 +62,7 @@ Event = dict[str, Any]
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request, ctx: Ctx) -> Response:
     model = ctx.resolve_model(body.model)
+    ctx = await model_context(request, ctx, body.model)
     refuse_unserved(body)
     tools = parse_tools(body.tools)
     chat = ChatInput(
