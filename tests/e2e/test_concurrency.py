@@ -68,12 +68,13 @@ async def test_sixteen_concurrent_streams_match_alone(server: Server) -> None:
     assert identical >= floor, f"only {identical}/16 identical to alone (at least {floor})"
 
 
-def _wait_blocks(server: Server, baseline: float, timeout: float = 10.0) -> float:
+def _wait_blocks(server: Server, baseline: float, timeout: float = 10.0,
+                 name: str = "tandem_kv_blocks_used") -> float:
     deadline = time.monotonic() + timeout
-    used = server.metric("tandem_kv_blocks_used")
+    used = server.metric(name)
     while used > baseline and time.monotonic() < deadline:
         time.sleep(0.05)
-        used = server.metric("tandem_kv_blocks_used")
+        used = server.metric(name)
     return used
 
 
@@ -101,9 +102,11 @@ def test_stream_disconnect_frees_blocks(server: Server) -> None:
                     break
         assert server.metric("tandem_kv_blocks_used") > baseline
         assert server.metric("tandem_requests_running") >= 1
+        assert server.metric("tandem_slots_used") >= 1
     # the response context closed the connection mid-stream
     assert _wait_blocks(server, baseline) == baseline
     assert server.metric("tandem_requests_running") == 0
+    assert _wait_blocks(server, 0, name="tandem_slots_used") == 0  # shown freed when idle
     assert server.metric(aborted) == aborts + 1
 
 
@@ -130,6 +133,9 @@ def test_metrics_exposition(server: Server) -> None:
         "tandem_requests_waiting",
         "tandem_kv_blocks_used",
         "tandem_kv_blocks_free",
+        "tandem_slots_used",
+        "tandem_slots_total",
+        "tandem_requests_remote_prefilling",
         "tandem_prefix_cache_hit_tokens_total",
         "tandem_prompt_tokens_total",
         "tandem_generation_tokens_total",
