@@ -126,6 +126,17 @@ def test_non_stream_disconnect_frees_blocks(server: Server) -> None:
     assert server.metric(aborted, default=0.0) == aborts + 1
 
 
+def test_idle_server_shows_no_slot_held(server: Server) -> None:
+    body = {"model": server.model, "prompt": "Once", "max_tokens": 3, "ignore_eos": True}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, headers=server.headers(),
+                   timeout=60)
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    # the slot is released after the last output is delivered; the gauges read when the
+    # engine is idle must show that, not the step before
+    assert _wait_blocks(server, 0, name="tandem_slots_used") == 0
+    assert server.metric("tandem_slots_total") >= 1
+
+
 def test_metrics_exposition(server: Server) -> None:
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
     for name in (
