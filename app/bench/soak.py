@@ -97,10 +97,12 @@ class Soak:
         self.worker: WorkerProcess | None = None
         self.worker_port = free_port()
         self.worker_starts = 0
-        self.stop = asyncio.Event()
+        self.stop = asyncio.Event()  # the load ends (deadline or Ctrl+C)
+        self.drained = asyncio.Event()  # the requests in flight have ended: stop sampling
         self.hurry = asyncio.Event()
         self.t0 = 0.0
         self._phase_t = time.perf_counter()
+        self.warm = False  # the warm-up is over
         self._samples = open(out / "samples.jsonl", "a")  # noqa: SIM115 - open for the run
         self._outcomes = open(out / "outcomes.jsonl", "a")  # noqa: SIM115
 
@@ -179,7 +181,8 @@ class Soak:
             error = str(exc)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:  # JSON, shapes
             error = f"{type(exc).__name__}: {exc}"
-        o = Outcome(round(t, 3), cls, error is None, round(time.perf_counter() - t1, 4), error)
+        o = Outcome(round(t, 3), cls, error is None, round(time.perf_counter() - t1, 4), error,
+                    warmup=not self.warm)
         self.add_outcome(o)
         return o
 
@@ -207,11 +210,12 @@ class Soak:
                               long_words=self.args.long_words,
                               systems=traffic.system_prompts(self.args.seed))
 
-    async def sleep(self, seconds: float) -> bool:
-        """Sleep up to `seconds`; True if the load was stopped meanwhile."""
+    async def sleep(self, seconds: float, until: asyncio.Event | None = None) -> bool:
+        """Sleep up to `seconds`; True if `until` (default: `stop`) was set meanwhile."""
+        until = until or self.stop
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stop.wait(), seconds)
-        return self.stop.is_set()
+            await asyncio.wait_for(until.wait(), seconds)
+        return until.is_set()
 
     async def client_loop(self, c: traffic.Client, deadline: float) -> None:
         while not self.stop.is_set() and time.perf_counter() < deadline:
@@ -219,15 +223,18 @@ class Soak:
             await self.sleep(c.rng.uniform(0, self.args.think_s))
 
     async def health_loop(self, http: httpx.AsyncClient) -> None:
-        while not self.stop.is_set():
+        """Probe `/health` every second until the load has drained."""
+        while not self.drained.is_set():
             t = self.now()
             ms, error = await health_latency(http)
             self.record.health.append((round(t, 2), round(ms, 2), error))
-            await self.sleep(HEALTH_EVERY_S)
+            await self.sleep(HEALTH_EVERY_S, self.drained)
 
-    async def sample_loop(self, http: httpx.AsyncClient, deadline: float) -> None:
+    async def sample_loop(self, http: httpx.AsyncClient) -> None:
+        """Sample every `--sample-s` until the load has drained; a progress line on stderr
+        every minute."""
         last_line = 0.0
-        while not self.stop.is_set():
+        while not self.drained.is_set():
             s = await self.sample(http)
             if time.perf_counter() - last_line >= 60 or not last_line:
                 last_line = time.perf_counter()
@@ -237,9 +244,7 @@ class Soak:
                       f"{s.get('server_rss_mb')} MiB, fds {s.get('server_fds')}, KV blocks "
                       f"{s.get('kv_blocks_used')}, worker kills {len(self.record.kills)}",
                       file=sys.stderr, flush=True)
-            if await self.sleep(min(self.args.sample_s, max(deadline - time.perf_counter(),
-                                                            0.05))):
-                return
+            await self.sleep(self.args.sample_s, self.drained)
 
     async def kill_loop(self, c: traffic.Client, period: float) -> None:
         """Every `period` s: SIGKILL the worker while a long prompt is in flight, send the
@@ -284,7 +289,7 @@ class Soak:
     async def run(self, url: str) -> None:
         args = self.args
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, self.interrupt)
         self.t0 = time.perf_counter()
         probe = httpx.AsyncClient(base_url=url, timeout=CLIENT_TIMEOUT)
@@ -305,26 +310,29 @@ class Soak:
             self.record.start = start
             self.record.samples.clear()  # the load's samples start at t = 0
             self.t0 = time.perf_counter()
+            self.warm = True
             deadline = self.t0 + self.record.duration_s
             limits = httpx.Limits(max_connections=args.clients + 2)
             async with httpx.AsyncClient(base_url=url, timeout=CLIENT_TIMEOUT,
                                          limits=limits) as http:
                 clients = [self.client(http, model, ctx, args.seed * 1000 + i)
                            for i in range(args.clients)]
-                background = [asyncio.create_task(self.health_loop(probe)),
-                              asyncio.create_task(self.sample_loop(probe, deadline))]
+                monitors = [asyncio.create_task(self.health_loop(probe)),
+                            asyncio.create_task(self.sample_loop(probe))]
+                load = [asyncio.create_task(self.client_loop(c, deadline)) for c in clients]
                 if self.worker is not None:
                     period = min(args.kill_every_s, self.record.duration_s / 2)
-                    background.append(asyncio.create_task(self.kill_loop(
+                    load.append(asyncio.create_task(self.kill_loop(
                         self.client(http, model, ctx, args.seed * 1000 + 500), period)))
-                load = [asyncio.create_task(self.client_loop(c, deadline)) for c in clients]
                 await self._until(deadline)
                 self.record.load_s = self.now()
                 self.phase("load")
                 self.stop.set()
-                await self._drain(load + background)
+                await self._drain(load)
+                self.drained.set()
+                await asyncio.gather(*monitors)
                 self.phase("drain")
-            self.record.samples.append(await self.sample(probe))  # the end of the load
+            await self.sample(probe)  # the end of the load
             with contextlib.suppress(TimeoutError):  # the idle pause; Ctrl+C ends it
                 await asyncio.wait_for(self.hurry.wait(), args.idle_s)
             self.record.idle_end = await self.idle_state(probe, IDLE_DEADLINE_S,

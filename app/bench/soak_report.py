@@ -32,14 +32,16 @@ KILL_CLASSES = ("kill_inflight", "kill_next_long", "restart_next_long")
 
 @dataclass(slots=True)
 class Outcome:
-    """One request: `t_s` seconds from the start of the load when it was sent, its class,
-    whether it went as that class should, seconds it took, and what went wrong."""
+    """One request: `t_s` seconds from the start of the load (or of the warm-up, for
+    `warmup` ones) when it was sent, its class, whether it went as that class should,
+    seconds it took, and what went wrong."""
 
     t_s: float
     cls: str
     ok: bool
     latency_s: float
     error: str | None = None
+    warmup: bool = False
 
 
 @dataclass
@@ -158,7 +160,7 @@ def summarize(rec: SoakRecord) -> dict:
 def chart(rec: SoakRecord, path: str | Path, context) -> None:
     """Six panels over the run's time (minutes): server and worker RSS, open fds, KV blocks
     used, slots used and queue depth, /health latency against its 100 ms goal, and requests
-    finished and failed per sample interval; worker kills as dotted red lines, the warm-up
+    finished and failed since the start (cumulative); worker kills as dotted red lines, the warm-up
     point as a dashed grey one. `context` is an `app.bench.charts.ChartContext`."""
     import matplotlib
 
@@ -196,20 +198,19 @@ def chart(rec: SoakRecord, path: str | Path, context) -> None:
             ax[4].scatter(*zip(*bad, strict=True), s=12, color="red", label="failed")
         ax[4].axhline(HEALTH_P99_MAX_MS, color="grey", linestyle="--", linewidth=1,
                       label="goal: p99 100 ms")
-    if len(s) > 1:
-        edges = [x["t_s"] for x in s]
-        done = [sum(1 for o in rec.outcomes if a <= o.t_s + o.latency_s < b)
-                for a, b in zip(edges, edges[1:], strict=False)]
-        bad = [sum(1 for o in rec.outcomes if not o.ok and a <= o.t_s + o.latency_s < b)
-               for a, b in zip(edges, edges[1:], strict=False)]
-        ax[5].plot(t[1:], done, label="finished", marker=".", markersize=3)
-        ax[5].plot(t[1:], bad, label="failed", color="red", marker=".", markersize=3)
+    ends = sorted((o.t_s + o.latency_s, o.ok) for o in rec.outcomes if not o.warmup)
+    if ends:
+        ax[5].step([e / 60 for e, _ in ends], range(1, len(ends) + 1), where="post",
+                   label="finished")
+        failed = [e / 60 for e, ok in ends if not ok]
+        ax[5].step([0.0, *failed], range(len(failed) + 1), where="post", color="red",
+                   label="failed")
     labels = [("resident memory, MiB", "lower", "Memory (RSS)"),
               ("open file descriptors", "lower", "File descriptors"),
               ("KV blocks held", "lower", "KV cache in use"),
               ("sequences", "lower", "Slots and queue"),
               ("latency, ms", "lower", "/health latency"),
-              ("requests per sample interval", "higher", "Requests finished and failed")]
+              ("requests since the start", "higher", "Requests finished and failed")]
     for a, (ylabel, better, title) in zip(ax, labels, strict=True):
         for k in rec.kills:
             a.axvline(k["t_s"] / 60, color="red", linestyle=":", linewidth=1)
