@@ -179,7 +179,7 @@ class Soak:
             await fn(client)
         except traffic.Failed as exc:
             error = str(exc)
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:  # JSON, shapes
+        except Exception as exc:  # noqa: BLE001 - recorded; no error ends the client
             error = f"{type(exc).__name__}: {exc}"
         o = Outcome(round(t, 3), cls, error is None, round(time.perf_counter() - t1, 4), error,
                     warmup=not self.warm)
@@ -236,6 +236,12 @@ class Soak:
         last_line = 0.0
         while not self.drained.is_set():
             s = await self.sample(http)
+            exited = self.server is not None and self.server.poll() is not None
+            if exited and not self.stop.is_set():
+                self.record.meta["server_exit_code"] = self.server.returncode
+                print(f"soak: the server exited ({self.server.returncode}); see server.log",
+                      file=sys.stderr, flush=True)
+                self.stop.set()  # nothing more to measure
             if time.perf_counter() - last_line >= 60 or not last_line:
                 last_line = time.perf_counter()
                 failed = sum(not o.ok for o in self.record.outcomes)
@@ -281,7 +287,8 @@ class Soak:
             s = await self.sample(http, idle=True)
             settled = all(s.get(k) == 0 for k in ("kv_blocks_used", "slots_used", "running",
                                                   "waiting", "remote_prefilling"))
-            fds_back = start_fds is None or abs((s.get("server_fds") or 0) - start_fds) <= FD_TOLERANCE
+            fds = s.get("server_fds") or 0
+            fds_back = start_fds is None or abs(fds - start_fds) <= FD_TOLERANCE
             if (settled and fds_back) or time.perf_counter() > end or self.hurry.is_set():
                 return s
             await asyncio.sleep(1.0)

@@ -132,6 +132,8 @@ def summarize(rec: SoakRecord) -> dict:
         goals["worker_kills_served"] = (None if not rec.kills
                                         else kill_failed == 0 and all(k.get("restart_s")
                                                                       for k in rec.kills))
+    if "server_exit_code" in rec.meta:
+        goals["server_kept_running"] = False
     return {
         **rec.meta,
         "duration_s": round(rec.duration_s, 1),

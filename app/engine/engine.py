@@ -593,4 +593,5 @@ class LLMEngine:
             requests_finished=self.requests_finished,
             slots_total=self.runner.max_seqs,
             slots_used=self.runner.max_seqs - self.slots.num_available,
+            kv_saved_bytes=getattr(self.runner, "saved_bytes", 0),
         )

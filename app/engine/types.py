@@ -223,3 +223,4 @@ class EngineStats:
     remote_prefilling: int = 0  # requests waiting for a prefill peer's KV (two-box mode)
     slots_total: int = 0  # the runner's sequence slots
     slots_used: int = 0  # slots held by live requests (0 when idle: none leaked)
+    kv_saved_bytes: int = 0  # host memory of cached prefixes no slot holds (llama.cpp)
