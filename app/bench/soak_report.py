@@ -6,7 +6,9 @@ Goals (issue 33, "60-minute soak"):
 - `failed_requests_0`: no request of any class failed (`app.bench.soak_traffic`: a class
   that should succeed did not, or a refusal that should be a 4xx was not);
 - `rss_growth_le_5pct`: the server's RSS at the end of the load, against its RSS at the
-  warm-up point (`warm_s`: 5 minutes, or 1/12 of a shorter run), grew at most 5%;
+  warm-up point (`warm_s`: 5 minutes, or 1/12 of a shorter run), grew at most 5%. The
+  same less the host memory of saved prefixes (`tandem_kv_saved_bytes`) is reported beside
+  it, to tell the prefix cache's growth from anything else's;
 - `idle_kv_blocks_0`: after the idle pause, 0 KV blocks and 0 slots held, nothing running
   or waiting;
 - `fds_back`: the server's open file descriptors after the idle pause within
@@ -84,15 +86,23 @@ def class_table(outcomes: list[Outcome]) -> dict[str, dict]:
     return table
 
 
-def rss_growth(samples: list[dict], warm_s: float) -> tuple[float | None, float | None,
-                                                              float | None]:
-    """(RSS MiB at the first sample at or after `warm_s`, at the last sample under load,
-    growth in percent); Nones when no sample was taken after the warm-up point."""
-    under_load = [s for s in samples if s.get("server_rss_mb") is not None and not s.get("idle")]
-    after = [s for s in under_load if s["t_s"] >= warm_s]
+def _net_rss(s: dict) -> float | None:
+    """The server's RSS less its saved prefixes' host memory, MiB."""
+    if s.get("server_rss_mb") is None or s.get("kv_saved_bytes") is None:
+        return None
+    return round(s["server_rss_mb"] - s["kv_saved_bytes"] / 2**20, 1)
+
+
+def rss_growth(samples: list[dict], warm_s: float, key=lambda s: s.get("server_rss_mb")
+               ) -> tuple[float | None, float | None, float | None]:
+    """(`key(sample)` at the first sample at or after `warm_s`, at the last sample under
+    load, growth in percent); Nones when fewer than two such samples have it. `key`: the
+    server's RSS in MiB by default."""
+    after = [key(s) for s in samples
+             if not s.get("idle") and s["t_s"] >= warm_s and key(s) is not None]
     if len(after) < 2:
         return None, None, None
-    warm, end = after[0]["server_rss_mb"], after[-1]["server_rss_mb"]
+    warm, end = after[0], after[-1]
     return warm, end, round((end - warm) / warm * 100, 2)
 
 
@@ -103,6 +113,8 @@ def summarize(rec: SoakRecord) -> dict:
     classes = class_table(rec.outcomes)
     failed = sum(c["failed"] for c in classes.values())
     warm, end, growth = rss_growth(rec.samples, rec.warm_s)
+    net_warm, net_end, net_growth = rss_growth(rec.samples, rec.warm_s, _net_rss)
+    saved = [s["kv_saved_bytes"] / 2**20 for s in rec.samples if "kv_saved_bytes" in s]
     rss_all = [s["server_rss_mb"] for s in rec.samples if s.get("server_rss_mb") is not None]
     health_ms = [ms for _, ms, _ in rec.health]
     health_failed = sum(err is not None for _, _, err in rec.health)
@@ -148,6 +160,12 @@ def summarize(rec: SoakRecord) -> dict:
                    "max": max(rss_all) if rss_all else None,
                    "idle_end": idle.get("server_rss_mb")},
         "rss_growth_pct": growth,
+        # the host memory of saved prefixes (the prefix cache's blocks no slot holds) taken
+        # out: what grows besides that cache
+        "kv_saved_mb": {"max": round(max(saved), 1) if saved else None,
+                        "end": round(saved[-1], 1) if saved else None},
+        "rss_less_kv_saved_mb": {"at_warm_point": net_warm, "end_of_load": net_end},
+        "rss_less_kv_saved_growth_pct": net_growth,
         "fds": {"start": start.get("server_fds"), "idle_end": idle.get("server_fds"),
                 "tolerance": FD_TOLERANCE},
         "idle_end": {k: idle.get(k) for k in ("kv_blocks_used", "slots_used", "running",
@@ -183,6 +201,10 @@ def chart(rec: SoakRecord, path: str | Path, context) -> None:
 
     line(ax[0], "server_rss_mb", "tandem serve")
     line(ax[0], "worker_rss_mb", "prefill worker")
+    for x in s:
+        if "kv_saved_bytes" in x:
+            x["kv_saved_mb"] = x["kv_saved_bytes"] / 2**20
+    line(ax[0], "kv_saved_mb", "serve: saved prefixes (host KV)")
     line(ax[1], "server_fds", "tandem serve")
     line(ax[1], "worker_fds", "prefill worker")
     line(ax[2], "kv_blocks_used", "KV blocks used")

@@ -19,6 +19,7 @@ GAUGES = {
     "tandem_kv_blocks_total": "kv_blocks_total",
     "tandem_slots_used": "slots_used",
     "tandem_slots_total": "slots_total",
+    "tandem_kv_saved_bytes": "kv_saved_bytes",
 }
 
 

@@ -7,10 +7,11 @@ or its API's last event, and no error event): `chat_stream`, `chat`, `prediction
 `long_prompt`. Classes that leave early (`cancel`: closes the stream after a few chunks;
 `vanish`: drops the connection at a random moment) succeed unless the server errs before
 they leave. Classes that must be refused (`malformed`, `oversized`) succeed on a 4xx and
-fail on anything else. Prompts are small and `max_tokens` is 4-16, so the embedded model
-keeps up with a few clients on two cores; chats share one of three system prompts (the
-prefix cache), and `long_prompt` sends ~`long_words` fresh words (what two-box mode sends
-to the prefill worker).
+fail on anything else (headers over 16 KiB are not sent: the server accepts them when they
+arrive in one read, see app/server/limits.py). Prompts are small and `max_tokens` is 4-16,
+so the embedded model keeps up with a few clients on two cores; chats share one of three
+system prompts (the prefix cache), and `long_prompt` sends ~`long_words` fresh words (what
+two-box mode sends to the prefill worker).
 """
 
 from __future__ import annotations
@@ -306,16 +307,18 @@ async def malformed(c: Client) -> None:
 
 
 async def oversized(c: Client) -> None:
-    """A prompt beyond the context (400 context_length_exceeded) or a 20 KiB header (400:
-    the server's header limit is 16 KiB)."""
-    if c.rng.random() < 0.7:
-        words = " ".join(["hello"] * (c.context_length + 200))
-        body = {"model": c.model, "messages": [{"role": "user", "content": words}],
-                "max_tokens": 4}
-        await _refused(c, "/v1/chat/completions", {"json": body})
-    else:
-        await _refused(c, "/v1/chat/completions", {
-            "json": c.body(), "headers": {"x-padding": "a" * 20 * 1024}})
+    """A prompt beyond the context on one of four APIs (400 `context_length_exceeded`, or
+    Anthropic's `invalid_request_error`), or `n` above the server's 64 (400)."""
+    words = " ".join(["hello"] * (c.context_length + 200))
+    msgs = [{"role": "user", "content": words}]
+    path, body = c.rng.choice([
+        ("/v1/chat/completions", {"model": c.model, "messages": msgs, "max_tokens": 4}),
+        ("/v1/completions", {"model": c.model, "prompt": words, "max_tokens": 4}),
+        ("/v1/responses", {"model": c.model, "input": words, "max_output_tokens": 4}),
+        ("/v1/messages", {"model": c.model, "messages": msgs, "max_tokens": 4}),
+        ("/v1/chat/completions", {**c.body(), "n": 65}),
+    ])
+    await _refused(c, path, {"json": body})
 
 
 # class name -> (coroutine, weight in the mix)

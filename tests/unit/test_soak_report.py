@@ -66,6 +66,19 @@ def test_each_goal_fails_on_its_own() -> None:
     assert summarize(down)["goals"]["health_p99_le_100ms"] is False
 
 
+def test_rss_less_the_saved_prefixes_is_reported_beside_the_raw_growth() -> None:
+    rec = _record()
+    for x, saved_mib in zip(rec.samples, (0, 10, 20, 40), strict=True):
+        x["kv_saved_bytes"] = saved_mib * 2**20
+        x["server_rss_mb"] = 90.0 + saved_mib
+    s = summarize(rec)
+    assert s["rss_growth_pct"] == 30.0  # 100 -> 130 MiB: the goal reads the raw RSS
+    assert s["goals"]["rss_growth_le_5pct"] is False
+    assert s["kv_saved_mb"] == {"max": 40.0, "end": 40.0}
+    assert s["rss_less_kv_saved_mb"] == {"at_warm_point": 90.0, "end_of_load": 90.0}
+    assert s["rss_less_kv_saved_growth_pct"] == 0.0
+
+
 def test_a_run_cut_before_the_warm_point_leaves_rss_unmeasured_and_does_not_pass() -> None:
     rec = _record(duration_s=3600.0, warm_s=300.0, kills=[])
     s = summarize(rec)
