@@ -4,11 +4,12 @@ and whether anything leaks, sticks or slows down (issue 33).
 It starts `tandem serve` (and, unless `--no-with-worker`, a `tandem prefill-worker` it
 prefills through with `--prefill-policy always`) as child processes in sessions of their
 own, so a Ctrl+C in the terminal reaches only this bench. Both get a temporary
-`TANDEM_HOME`: the two-box estimates and profiles they write never reach the user's store.
-Then:
+`TANDEM_HOME` with the user's measured caches copied in (fingerprints, probes, step-time
+profiles): they start as fast, and the two-box estimates they write never reach the user's
+store. Then:
 
-1. warm-up: one request of every class (`app.bench.soak_traffic`), an idle pause, and the
-   idle state: server RSS and open fds;
+1. warm-up: one request of every class at once (`app.bench.soak_traffic`), an idle pause,
+   and the idle state: server RSS and open fds;
 2. load for `--minutes`: `--clients` concurrent clients, each sending requests of classes
    drawn by weight; `/health` probed every second on a connection of its own; every
    `--sample-s` seconds the server's and worker's RSS and fds and the engine's gauges from
@@ -22,8 +23,8 @@ Then:
 Prints the JSON summary (`app.bench.soak_report.summarize`: per-class counts and latency
 percentiles, the goals of issue 33 with pass/fail) and writes into `--out`: `summary.json`,
 `soak.png`, `samples.jsonl` and `outcomes.jsonl` (appended as the run goes, so a run killed
-outright still leaves its data), and the server's and worker's logs. Ctrl+C (or SIGTERM)
-ends the load early and still drains, checks and reports; a second Ctrl+C skips the drain and
+outright still leaves its data), and the server's and worker's logs. The exit status is 0
+when every goal passed, 1 otherwise. Ctrl+C (or SIGTERM, SIGHUP) ends the load early and still drains, checks and reports; a second Ctrl+C skips the drain and
 the idle pause.
 
 usage: python -m app.bench.soak --minutes 60 [--model NAME] [--out DIR] [--clients 4]
