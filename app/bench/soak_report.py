@@ -205,6 +205,9 @@ def chart(rec: SoakRecord, path: str | Path, context) -> None:
         if "kv_saved_bytes" in x:
             x["kv_saved_mb"] = x["kv_saved_bytes"] / 2**20
     line(ax[0], "kv_saved_mb", "serve: saved prefixes (host KV)")
+    for x in s:
+        x["server_rss_less_kv_saved_mb"] = _net_rss(x)
+    line(ax[0], "server_rss_less_kv_saved_mb", "serve less its saved prefixes")
     line(ax[1], "server_fds", "tandem serve")
     line(ax[1], "worker_fds", "prefill worker")
     line(ax[2], "kv_blocks_used", "KV blocks used")

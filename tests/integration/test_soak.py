@@ -28,7 +28,7 @@ def test_short_soak_interrupted_reports_no_failures(embedded_model: Path, tmp_pa
     out = tmp_path / "soak"
     cmd = [sys.executable, "-m", "app.bench.soak", "--minutes", "10", "--model",
            str(embedded_model), "--out", str(out), "--clients", "2", "--long-words", "150",
-           "--ctx-size", "2048", "--idle-s", "6", "--sample-s", "2", "--kill-every-s", "4"]
+           "--ctx-size", "2048", "--idle-s", "2", "--sample-s", "2", "--kill-every-s", "4"]
     with open(tmp_path / "stderr", "w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
         try:
