@@ -17,17 +17,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 class WorkerProcess:
     """Args: log_dir: where `worker-<port>.log` goes. extra: more `prefill-worker` flags
-    (e.g. `--threads 1`). prefix: a command to run it under (e.g. `taskset -c 0`). Raises
+    (e.g. `--threads 1`). prefix: a command to run it under (e.g. `taskset -c 0`). port: the
+    port to listen on (default: a free one; a restarted worker takes its predecessor's).
+    popen_kw: more `subprocess.Popen` arguments (`env`, `start_new_session`). Raises
     RuntimeError if it does not listen within `timeout` s."""
 
     def __init__(self, log_dir: Path, *extra: str, timeout: float = 120.0,
-                 prefix: tuple[str, ...] = ()):
-        self.port = free_port()
+                 prefix: tuple[str, ...] = (), port: int | None = None, **popen_kw):
+        self.port = port or free_port()
         self.log_path = Path(log_dir) / f"worker-{self.port}.log"
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [*prefix, sys.executable, "-m", "app.cli", "prefill-worker", "--port", str(self.port),
-                 *extra], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                 *extra], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, **popen_kw)
         deadline = time.monotonic() + timeout
         while "listening on" not in self.log():
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -268,6 +268,7 @@ class AsyncEngine:
                     self._deliver(outputs)
                 # finished requests' slots: after their last outputs are on their way
                 self.engine.scheduler.release_finished()
+                self._stats = self.engine.stats()  # again: an idle engine shows them free
             except Exception as exc:  # noqa: BLE001 - a backend failure ends every stream
                 self._error = exc
                 for request_id in list(self._streams):

@@ -591,4 +591,7 @@ class LLMEngine:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             requests_finished=self.requests_finished,
+            slots_total=self.runner.max_seqs,
+            slots_used=self.runner.max_seqs - self.slots.num_available,
+            kv_saved_bytes=getattr(self.runner, "saved_bytes", 0),
         )

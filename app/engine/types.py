@@ -221,3 +221,6 @@ class EngineStats:
     generation_tokens_total: int
     requests_finished: int
     remote_prefilling: int = 0  # requests waiting for a prefill peer's KV (two-box mode)
+    slots_total: int = 0  # the runner's sequence slots
+    slots_used: int = 0  # slots held by live requests (0 when idle: none leaked)
+    kv_saved_bytes: int = 0  # host memory of cached prefixes no slot holds (llama.cpp)

@@ -4,8 +4,9 @@ Two sources:
 - per-request observations the HTTP layer makes when a sequence finishes: TTFT, TPOT and
   end-to-end latency histograms (seconds), finished sequences by finish reason, HTTP
   responses by path and status;
-- an engine collector that reads `engine.stats()` at scrape time: running/waiting requests,
-  KV blocks total/used/free, and the engine's cumulative prompt, generation and prefix-cache
+- an engine collector that reads `engine.stats()` at scrape time: running/waiting/remote-
+  prefilling requests, sequence slots total/used, KV blocks total/used/free, host memory of
+  saved prefixes, and the engine's cumulative prompt, generation and prefix-cache
   hit token counters. Nothing is polled in the background;
 - a constrained-decoding collector: constrained requests, grammar mask time, forced-token
   drafts and their acceptance (`app.server.constrain_metrics`);
@@ -56,6 +57,17 @@ class _EngineCollector(Collector):
             "tandem_requests_waiting", "Sequences admitted but waiting.", value=s.waiting
         )
         yield GaugeMetricFamily(
+            "tandem_requests_remote_prefilling",
+            "Sequences waiting for the prefill peer's KV (two-box mode).",
+            value=s.remote_prefilling,
+        )
+        yield GaugeMetricFamily(
+            "tandem_slots_total", "The runner's sequence slots.", value=s.slots_total
+        )
+        yield GaugeMetricFamily(
+            "tandem_slots_used", "Sequence slots held by live sequences.", value=s.slots_used
+        )
+        yield GaugeMetricFamily(
             "tandem_kv_blocks_total", "KV cache capacity in blocks.", value=s.kv_blocks_total
         )
         yield GaugeMetricFamily(
@@ -67,6 +79,12 @@ class _EngineCollector(Collector):
             "tandem_kv_blocks_free",
             "KV blocks not held by live sequences (cached-but-evictable included).",
             value=s.kv_blocks_total - s.kv_blocks_used,
+        )
+        yield GaugeMetricFamily(
+            "tandem_kv_saved_bytes",
+            "Host memory holding cached prefixes that no running sequence holds (llama.cpp; "
+            "bounded by the KV cache's size: evicted with their blocks).",
+            value=s.kv_saved_bytes,
         )
         yield CounterMetricFamily(
             "tandem_prefix_cache_hit_tokens",

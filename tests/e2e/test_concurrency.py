@@ -68,12 +68,13 @@ async def test_sixteen_concurrent_streams_match_alone(server: Server) -> None:
     assert identical >= floor, f"only {identical}/16 identical to alone (at least {floor})"
 
 
-def _wait_blocks(server: Server, baseline: float, timeout: float = 10.0) -> float:
+def _wait_blocks(server: Server, baseline: float, timeout: float = 10.0,
+                 name: str = "tandem_kv_blocks_used") -> float:
     deadline = time.monotonic() + timeout
-    used = server.metric("tandem_kv_blocks_used")
+    used = server.metric(name)
     while used > baseline and time.monotonic() < deadline:
         time.sleep(0.05)
-        used = server.metric("tandem_kv_blocks_used")
+        used = server.metric(name)
     return used
 
 
@@ -101,9 +102,11 @@ def test_stream_disconnect_frees_blocks(server: Server) -> None:
                     break
         assert server.metric("tandem_kv_blocks_used") > baseline
         assert server.metric("tandem_requests_running") >= 1
+        assert server.metric("tandem_slots_used") >= 1
     # the response context closed the connection mid-stream
     assert _wait_blocks(server, baseline) == baseline
     assert server.metric("tandem_requests_running") == 0
+    assert _wait_blocks(server, 0, name="tandem_slots_used") == 0  # shown freed when idle
     assert server.metric(aborted) == aborts + 1
 
 
@@ -123,6 +126,17 @@ def test_non_stream_disconnect_frees_blocks(server: Server) -> None:
     assert server.metric(aborted, default=0.0) == aborts + 1
 
 
+def test_idle_server_shows_no_slot_held(server: Server) -> None:
+    body = {"model": server.model, "prompt": "Once", "max_tokens": 3, "ignore_eos": True}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, headers=server.headers(),
+                   timeout=60)
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    # the slot is released after the last output is delivered; the gauges read when the
+    # engine is idle must show that, not the step before
+    assert _wait_blocks(server, 0, name="tandem_slots_used") == 0
+    assert server.metric("tandem_slots_total") >= 1
+
+
 def test_metrics_exposition(server: Server) -> None:
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
     for name in (
@@ -130,6 +144,9 @@ def test_metrics_exposition(server: Server) -> None:
         "tandem_requests_waiting",
         "tandem_kv_blocks_used",
         "tandem_kv_blocks_free",
+        "tandem_slots_used",
+        "tandem_slots_total",
+        "tandem_requests_remote_prefilling",
         "tandem_prefix_cache_hit_tokens_total",
         "tandem_prompt_tokens_total",
         "tandem_generation_tokens_total",
