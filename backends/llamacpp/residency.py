@@ -81,9 +81,14 @@ class PrefixResidency:
     that source is among `holders(b)`. Subclasses decide how a prefix is shared into a slot.
     """
 
-    def __init__(self, mem: MemoryOps, max_seqs: int, block_size: int):
+    def __init__(self, mem: MemoryOps, max_seqs: int, block_size: int,
+                 max_saved_bytes: int | None = None):
+        """`max_saved_bytes`: host memory saved prefixes may hold (None: no cap); past it the
+        oldest are dropped (their blocks are then recomputed on a hit, as for any block
+        `share_blocks` cannot supply)."""
         self._mem = mem
         self.block_size = block_size
+        self.max_saved_bytes = max_saved_bytes
         self._slot_blocks: list[list[int | None]] = [[] for _ in range(max_seqs)]
         self._holders: dict[int, set[Source]] = {}
         self._saved: dict[int, _Saved] = {}
@@ -155,6 +160,7 @@ class PrefixResidency:
         for block_id in held:
             self._drop(block_id, Slot(slot))
         held.clear()
+        self._enforce_saved_cap()
 
     def evict(self, block_ids: list[int]) -> None:
         """Drop these blocks' KV everywhere; a saved prefix left with no block is deleted.
@@ -182,8 +188,7 @@ class PrefixResidency:
                 for i, b in enumerate(blocks):
                     if b in ids:
                         blocks[i] = None
-                if all(b is None for b in blocks):
-                    del self._saved[source.id]  # nothing hittable left in it
+                self._prune_saved(source.id)
 
     def truncate(self, slot: int, n_tokens: int) -> None:
         """Keep only positions `0 .. n_tokens-1` of `slot`'s KV, and the blocks covering
@@ -197,6 +202,41 @@ class PrefixResidency:
         del held[keep:]
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _prune_saved(self, saved_id: int) -> None:
+        """After an eviction: keep saved prefix `saved_id` only while it can serve a hit no
+        other saved prefix serves. The block manager's lookup stops at its first missing
+        block (`BlockManager.find_cached_prefix`), so only the leading run of blocks is
+        reachable; blocks after a gap are released. A prefix whose whole reachable run
+        another saved prefix also holds (a hot shared system prompt, saved again with every
+        finished request) is deleted: without this, every finished request that shared it
+        stayed in host memory for good."""
+        saved = self._saved[saved_id]
+        blocks = saved.blocks
+        n = next((i for i, b in enumerate(blocks) if b is None), len(blocks))
+        for i in range(n, len(blocks)):
+            self._drop(blocks[i], SavedPrefix(saved_id))
+            blocks[i] = None
+        covered = n > 0 and any(
+            other != saved_id and self._saved[other].blocks[:n] == blocks[:n]
+            for other in self._saved_ids(blocks[n - 1]))
+        if n == 0 or covered:
+            self._delete_saved(saved_id)
+
+    def _delete_saved(self, saved_id: int) -> None:
+        for block_id in self._saved.pop(saved_id).blocks:
+            self._drop(block_id, SavedPrefix(saved_id))
+
+    def _enforce_saved_cap(self) -> None:
+        """Drop the oldest saved prefixes while their bytes exceed `max_saved_bytes`."""
+        if self.max_saved_bytes is None:
+            return
+        total = self.saved_bytes
+        for saved_id in sorted(self._saved):
+            if total <= self.max_saved_bytes:
+                break
+            total -= len(self._saved[saved_id].blob)
+            self._delete_saved(saved_id)
 
     def _hold(self, slot: int, block_ids: list[int]) -> None:
         for block_id in block_ids:
@@ -243,8 +283,9 @@ class UnifiedResidency(PrefixResidency):
     """One pool of cells: sharing tags the source's cells with the new slot (no copy); a
     saved prefix is restored into sequence `scratch` first, then tagged from there."""
 
-    def __init__(self, mem: MemoryOps, max_seqs: int, block_size: int, scratch: int):
-        super().__init__(mem, max_seqs, block_size)
+    def __init__(self, mem: MemoryOps, max_seqs: int, block_size: int, scratch: int,
+                 max_saved_bytes: int | None = None):
+        super().__init__(mem, max_seqs, block_size, max_saved_bytes)
         self.scratch = scratch
 
     def _share(self, slot: int, block_ids: list[int]) -> int:
@@ -258,8 +299,8 @@ class UnifiedResidency(PrefixResidency):
                 src, blocks = running[0], self._slot_blocks[running[0]]
             else:
                 saved = self._saved_ids(block_id)
-                if not saved:
-                    raise RuntimeError(f"block {block_id} is not resident")
+                if not saved:  # dropped under the saved-prefix cap: the engine recomputes
+                    break
                 if restored != saved[0]:
                     self._mem.state_set(self.scratch, self._saved[saved[0]].blob)
                     restored = saved[0]
@@ -273,8 +314,8 @@ class UnifiedResidency(PrefixResidency):
             i = j
         if restored is not None:
             self._mem.seq_rm(self.scratch, -1, -1)
-        self._hold(slot, block_ids)
-        return len(block_ids)
+        self._hold(slot, block_ids[:i])
+        return i
 
 
 class SplitResidency(PrefixResidency):
@@ -284,8 +325,9 @@ class SplitResidency(PrefixResidency):
     this only the cells in use). One copy of a running slot serves every slot admitted from
     it before it computes again."""
 
-    def __init__(self, mem: MemoryOps, max_seqs: int, block_size: int):
-        super().__init__(mem, max_seqs, block_size)
+    def __init__(self, mem: MemoryOps, max_seqs: int, block_size: int,
+                 max_saved_bytes: int | None = None):
+        super().__init__(mem, max_seqs, block_size, max_saved_bytes)
         self._exports: dict[int, Sized] = {}
 
     def before_compute(self) -> None:

@@ -176,9 +176,12 @@ class LlamaCppRunner:
         self.info = runtime.model_info(self._model, path.stem, self.tokenizer.n_vocab)
         self._batch = TokenBatch(max_batch_tokens)
         self._memory = memory = ContextMemory(self._ctx)
+        # parked prefixes may take as much host memory as the KV buffer itself, no more
         self.residency: PrefixResidency = (
-            SplitResidency(memory, max_seqs, block_size) if plan.layout == "split"
-            else UnifiedResidency(memory, max_seqs, block_size, scratch=plan.scratch_seq))
+            SplitResidency(memory, max_seqs, block_size, max_saved_bytes=self.kv_bytes)
+            if plan.layout == "split"
+            else UnifiedResidency(memory, max_seqs, block_size, scratch=plan.scratch_seq,
+                                  max_saved_bytes=self.kv_bytes))
         # repacked weights prefill slower than plain ones: large chunks go to a plain copy
         # (backends/llamacpp/plain_prefill.py); split layout only, where a slot is a stream
         self.plain_prefill: PlainPrefill | None = None

@@ -190,21 +190,22 @@ def test_evict_removes_a_slots_blocks_in_one_range_per_run():
     assert res.held_blocks() == {10: {Slot(0)}, 14: {Slot(0)}}
 
 
-def test_evict_deletes_a_saved_prefix_once_none_of_its_blocks_is_left():
+def test_evict_deletes_a_saved_prefix_once_no_hit_can_reach_it():
     mem = FakeMemory()
     res = SplitResidency(mem, max_seqs=1, block_size=1)
     computed(res, mem, 0, [10, 11, 12], 3, "a")
     res.release(0, 3)
-    res.evict([12, 10])
-    assert res.saved_prefixes() == {0: [None, 11, None]}
-    res.evict([11])
+    res.evict([12])
+    assert res.saved_prefixes() == {0: [10, 11, None]}
+    # a lookup stops at its first missing block: with block 10 gone, 11 is unreachable
+    res.evict([10])
     assert res.saved_prefixes() == {} and res.saved_bytes == 0
+    assert res.held_blocks() == {}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 33 soak: a saved prefix is kept while any of "
-                   "its blocks is cached, so a hot shared system prompt keeps every finished "
-                   "request's whole blob in host memory (RSS +5.5 MB a request on SmolLM2)")
 def test_saved_prefixes_stay_bounded_when_requests_share_a_hot_prefix():
+    """Issue 33's soak: every finished request sharing a system prompt used to stay saved
+    (RSS +5.5 MB a request on SmolLM2)."""
     mem = FakeMemory()
     res = SplitResidency(mem, max_seqs=1, block_size=1)
     system = [1, 2, 3, 4]
@@ -215,6 +216,32 @@ def test_saved_prefixes_stay_bounded_when_requests_share_a_hot_prefix():
         res.release(0, 6)
         if i >= 2:  # the block manager evicts the oldest tails (LRU); the system stays hot
             res.evict([100 + 2 * (i - 2), 101 + 2 * (i - 2)])
-    # what is restorable: the system prompt and the last two tails; 20 blobs of 6 cells are
-    # kept instead, 18 of them with nothing but the system prompt left to restore
-    assert len(res.saved_prefixes()) <= 3
+    # what is restorable: the system prompt and the last two tails, in the last two blobs
+    assert res.saved_prefixes() == {18: [1, 2, 3, 4, 136, 137], 19: [1, 2, 3, 4, 138, 139]}
+    assert res.saved_bytes == 2 * 6 * 10  # 10 bytes a cell
+    assert res.share_blocks(0, system + [138, 139]) == 6
+    assert mem.seq(0) == labels("r19", 0, 6)
+
+
+def test_the_oldest_saved_prefixes_go_past_the_cap_and_hits_on_them_are_recomputed():
+    mem = FakeMemory()
+    res = SplitResidency(mem, max_seqs=1, block_size=1, max_saved_bytes=60)
+    for i, blocks in enumerate([[10, 11, 12], [20, 21, 22], [30, 31, 32]]):
+        computed(res, mem, 0, blocks, 3, f"r{i}")
+        res.release(0, 3)
+    assert res.saved_prefixes() == {1: [20, 21, 22], 2: [30, 31, 32]}
+    assert res.saved_bytes == 60
+    assert res.share_blocks(0, [10, 11]) == 0  # dropped: the engine recomputes it
+
+
+def test_unified_shares_what_is_resident_and_stops_at_a_dropped_block():
+    mem = FakeMemory()
+    res = UnifiedResidency(mem, max_seqs=1, block_size=1, scratch=1, max_saved_bytes=30)
+    computed(res, mem, 0, [10, 11, 12], 3, "a")
+    res.release(0, 3)
+    computed(res, mem, 0, [20, 21, 22], 3, "b")
+    res.release(0, 3)
+    assert res.saved_prefixes() == {1: [20, 21, 22]}
+    assert res.share_blocks(0, [10, 11]) == 0
+    assert res.share_blocks(0, [20, 21]) == 2
+    assert mem.seq(0) == labels("b", 0, 2)
