@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import Server, fake_engine, serve_in_thread
+from app.bench.server_process import wait_healthy
+from tests.e2e.conftest import Server, fake_engine
 
 WRITE_TIMEOUT_S = 1.0
 N = 8  # choices of the stalled request: 8 sequences, each event ~1.5 KB with 20 logprobs
@@ -21,14 +23,32 @@ ABORTED = 'tandem_requests_finished_total{finish_reason="abort"}'
 
 @pytest.fixture(scope="module")
 def slow() -> Iterator[Server]:
+    """The fake engine at 10 ms a step (the stalled request's 2000 tokens would take 20 s or
+    more) behind uvicorn with a 1 s write timeout, on a listening socket whose connections
+    get a 16 KiB send buffer: without it Linux grows a loopback socket's buffer to a few MB,
+    which takes the stalled stream seconds to fill before anything waits."""
+    import uvicorn
+
     from app.server.app import create_app
     from app.server.limits import uvicorn_options
 
-    # 10 ms a step: the stalled request's 2000 tokens would take 20 s or more
     engine, _ = fake_engine(step_s=0.01)
-    app = create_app(engine)
-    yield from serve_in_thread(app, engine, None,
-                               **uvicorn_options())
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)  # accepted ones inherit it
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(engine), log_level="warning", lifespan="off",
+        **uvicorn_options(write_timeout_s=WRITE_TIMEOUT_S)))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        yield Server(url, wait_healthy(url, timeout=30)["model"], None, "fake")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        engine.shutdown()
+        sock.close()
 
 
 def _until(check, limit_s: float = 60.0) -> bool:
