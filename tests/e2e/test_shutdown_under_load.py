@@ -1,0 +1,198 @@
+"""Ctrl+C / SIGTERM under mixed streaming traffic (issue 33.4): every stream open at the end
+of the grace period ends with its API's error event (and `[DONE]` on the OpenAI APIs), every
+collected reply is a 503, the process exits 0 and nothing reaches stderr (uvicorn's "Cancel
+N running task(s)" and its CancelledError traceback were the symptom), over rounds that vary
+the grace period, the signal and what the engine computes when the grace period ends.
+
+`tandem serve` runs as a process on the fake engine (`tests.fakes.serve`): replies of 5000
+tokens, so no long stream ends by itself; each token computed costs 5 ms, so the long
+prompt sent just before the signal makes steps of 2.6 s (a 512-token prefill chunk, as a
+larger model takes on a small machine), longer than the 2 s the streams had to end once the
+engine answered their abort."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.bench.server_process import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "fake-model"
+LONG = 1900  # tokens asked of every long reply (the fake context is 2048)
+MSG = [{"role": "user", "content": "Tell a long story."}]
+SHUTDOWN = "The server is shutting down; the reply was cut short."
+OPENAI_ERROR = {"error": {"message": SHUTDOWN, "type": "server_error", "param": None,
+                          "code": "server_shutting_down"}}
+
+# (name, path, body): the streams, one or more per API, then the collected replies
+STREAMS = [
+    ("chat", "/v1/chat/completions",
+     {"messages": MSG, "stream": True, "max_tokens": LONG, "temperature": 0}),
+    ("chat n=2", "/v1/chat/completions",
+     {"messages": MSG, "stream": True, "max_tokens": LONG, "temperature": 0, "n": 2,
+      "stream_options": {"include_usage": True}}),
+    ("completions", "/v1/completions",
+     {"prompt": "Once", "stream": True, "max_tokens": LONG, "temperature": 0}),
+    ("responses", "/v1/responses",
+     {"input": "Tell a long story.", "stream": True, "max_output_tokens": LONG,
+      "temperature": 0}),
+    ("messages", "/v1/messages",
+     {"model": MODEL, "messages": MSG, "stream": True, "max_tokens": LONG, "temperature": 0}),
+    ("ollama chat", "/api/chat",
+     {"model": MODEL, "messages": MSG, "options": {"num_predict": LONG, "temperature": 0}}),
+    ("ollama generate", "/api/generate",
+     {"model": MODEL, "prompt": "Once", "options": {"num_predict": LONG, "temperature": 0}}),
+]
+COLLECTED = [
+    ("collected chat", "/v1/chat/completions",
+     {"messages": MSG, "max_tokens": LONG, "temperature": 0}),
+]
+LONG_PROMPT = ("long prompt", "/v1/completions",
+               {"prompt": "x" * 1500, "max_tokens": LONG, "temperature": 0})
+
+# (grace seconds, signal, long prompt just before the signal): 8 rounds
+ROUNDS = [(1, signal.SIGINT, True), (0, signal.SIGTERM, False), (1, signal.SIGINT, False),
+          (0.5, signal.SIGINT, True), (0, signal.SIGINT, True), (1, signal.SIGTERM, True),
+          (0.5, signal.SIGTERM, False), (1, signal.SIGINT, True)]
+
+
+class Client(threading.Thread):
+    """One request, read to its end; `started` is set at its first body bytes."""
+
+    def __init__(self, url: str, path: str, body: dict):
+        super().__init__(daemon=True)
+        self.url, self.path, self.body = url, path, body
+        self.started = threading.Event()
+        self.status: int | None = None
+        self.text = ""
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("POST", self.url + self.path, json=self.body, timeout=60) as r:
+                self.status = r.status_code
+                raw = b""
+                for data in r.iter_raw():
+                    raw += data
+                    self.started.set()
+                self.text = raw.decode()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+        finally:
+            self.started.set()
+
+
+def sse_events(text: str) -> list[tuple[str | None, str]]:
+    """(event name or None, data) of each server-sent event."""
+    out = []
+    for block in filter(None, text.split("\n\n")):
+        name, data = None, ""
+        for line in block.split("\n"):
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                data = line[6:]
+        out.append((name, data))
+    return out
+
+
+def ending(name: str, path: str, text: str) -> object:
+    """What a stream cut by the shutdown ends with, reduced to what must be exact."""
+    if path.startswith("/api/"):
+        return json.loads(text.rstrip("\n").rsplit("\n", 1)[-1])
+    events = sse_events(text)
+    if path == "/v1/responses":
+        (e1, d1), (e2, d2) = events[-2:]
+        error, failed = json.loads(d1), json.loads(d2)
+        return (e1, error["type"], error["code"], error["message"], e2,
+                failed["response"]["status"], failed["response"]["error"])
+    if path == "/v1/messages":
+        return events[-1][0], json.loads(events[-1][1])
+    return json.loads(events[-2][1]), events[-1][1]
+
+
+EXPECTED = {
+    "/v1/chat/completions": (OPENAI_ERROR, "[DONE]"),
+    "/v1/completions": (OPENAI_ERROR, "[DONE]"),
+    "/v1/responses": ("error", "error", "server_shutting_down", SHUTDOWN, "response.failed",
+                      "failed", {"code": "server_error", "message": SHUTDOWN}),
+    "/v1/messages": ("error", {"type": "error", "error": {"type": "overloaded_error",
+                                                         "message": SHUTDOWN}}),
+    "/api/chat": {"error": SHUTDOWN},
+    "/api/generate": {"error": SHUTDOWN},
+}
+
+
+def one_round(grace: float, sig: int, long_prompt: bool) -> list[str]:
+    """Serve, start the traffic, signal, and list what went wrong (empty: nothing)."""
+    port = free_port()
+    env = {**os.environ, "TANDEM_FAKE_REPLY_CHARS": "5000", "TANDEM_FAKE_TOKEN_S": "0.005"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.serve", "--port", str(port),
+         "--shutdown-timeout", str(grace)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    problems: list[str] = []
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        for line in proc.stdout:
+            if line.startswith("tandem: serving "):
+                break
+        url = f"http://127.0.0.1:{port}"
+        streams = [Client(url, p, b) for _, p, b in STREAMS]
+        collected = [Client(url, p, b) for _, p, b in COLLECTED]
+        for c in streams + collected:
+            c.start()
+        for c in streams:
+            assert c.started.wait(30)
+        if long_prompt:  # its prefill steps run when the grace period ends
+            collected.append(Client(url, *LONG_PROMPT[1:]))
+            collected[-1].start()
+            threading.Event().wait(0.3)
+        proc.send_signal(sig)
+        for c in streams + collected:
+            c.join(60)
+        rc = proc.wait(timeout=60)
+        stderr = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if rc != 0 or stderr:
+        problems.append(f"exit {rc}, stderr: {stderr[-2000:]}")
+    names = [n for n, _, _ in STREAMS] + [n for n, _, _ in COLLECTED] + [LONG_PROMPT[0]]
+    for name, c in zip(names, streams + collected, strict=False):
+        if c.error is not None:
+            problems.append(f"{name}: {c.error!r}")
+            continue
+        if c.body.get("stream") is False or "stream" not in c.body and c.path.startswith("/v1"):
+            got: object = (c.status, json.loads(c.text))
+            want: object = (503, OPENAI_ERROR)
+        else:
+            try:
+                got = (c.status, ending(name, c.path, c.text))
+            except (ValueError, IndexError, KeyError) as exc:
+                got = (c.status, f"unreadable ending ({exc!r}): {c.text[-300:]!r}")
+            want = (200, EXPECTED[c.path])
+        if got != want:
+            problems.append(f"{name}: {got!r}")
+    return problems
+
+
+@pytest.mark.timeout(180)
+def test_every_stream_ends_with_its_error_event_over_repeated_shutdowns() -> None:
+    failures = {}
+    for k, (grace, sig, long_prompt) in enumerate(ROUNDS):
+        problems = one_round(grace, sig, long_prompt)
+        if problems:
+            failures[f"round {k} (grace {grace} s, {signal.Signals(sig).name}, long prompt "
+                     f"{long_prompt})"] = problems
+    assert failures == {}
