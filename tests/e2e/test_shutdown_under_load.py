@@ -5,10 +5,11 @@ N running task(s)" and its CancelledError traceback were the symptom), over roun
 the grace period, the signal and what the engine computes when the grace period ends.
 
 `tandem serve` runs as a process on the fake engine (`tests.fakes.serve`): replies of 5000
-tokens, so no long stream ends by itself; each token computed costs 5 ms, so the long
-prompt sent just before the signal makes steps of 2.6 s (a 512-token prefill chunk, as a
-larger model takes on a small machine), longer than the 2 s the streams had to end once the
-engine answered their abort."""
+tokens, so no long stream ends by itself, and a prompt chunk of 256 tokens or more costs 8 ms
+a token, so the long prompt sent just before the signal in some rounds makes a step of 4 s
+(a 500-token prefill chunk, as a larger model takes on a small machine) while the grace
+period ends: longer than the 2 s the streams had, when they waited for the engine to answer
+their abort, before uvicorn cancelled them. 7 rounds, about 40 s."""
 
 from __future__ import annotations
 
@@ -59,18 +60,19 @@ COLLECTED = [
 LONG_PROMPT = ("long prompt", "/v1/completions",
                {"prompt": "x" * 1500, "max_tokens": LONG, "temperature": 0})
 
-# (grace seconds, signal, long prompt just before the signal): 8 rounds
-ROUNDS = [(1, signal.SIGINT, True), (0, signal.SIGTERM, False), (1, signal.SIGINT, False),
-          (0.5, signal.SIGINT, True), (0, signal.SIGINT, True), (1, signal.SIGTERM, True),
-          (0.5, signal.SIGTERM, False), (1, signal.SIGINT, True)]
+# (grace seconds, signal, long prompt just before the signal)
+ROUNDS = [(0, signal.SIGINT, True), (1, signal.SIGTERM, False), (0.5, signal.SIGINT, True),
+          (0, signal.SIGTERM, False), (1, signal.SIGINT, False), (0.5, signal.SIGTERM, True),
+          (0.5, signal.SIGINT, False)]
 
 
 class Client(threading.Thread):
     """One request, read to its end; `started` is set at its first body bytes."""
 
-    def __init__(self, url: str, path: str, body: dict):
+    def __init__(self, url: str, name: str, path: str, body: dict, collected: bool = False):
         super().__init__(daemon=True)
-        self.url, self.path, self.body = url, path, body
+        self.url, self.name, self.path, self.body = url, name, path, body
+        self.collected = collected
         self.started = threading.Event()
         self.status: int | None = None
         self.text = ""
@@ -105,7 +107,7 @@ def sse_events(text: str) -> list[tuple[str | None, str]]:
     return out
 
 
-def ending(name: str, path: str, text: str) -> object:
+def ending(path: str, text: str) -> object:
     """What a stream cut by the shutdown ends with, reduced to what must be exact."""
     if path.startswith("/api/"):
         return json.loads(text.rstrip("\n").rsplit("\n", 1)[-1])
@@ -135,7 +137,7 @@ EXPECTED = {
 def one_round(grace: float, sig: int, long_prompt: bool) -> list[str]:
     """Serve, start the traffic, signal, and list what went wrong (empty: nothing)."""
     port = free_port()
-    env = {**os.environ, "TANDEM_FAKE_REPLY_CHARS": "5000", "TANDEM_FAKE_TOKEN_S": "0.005"}
+    env = {**os.environ, "TANDEM_FAKE_REPLY_CHARS": "5000", "TANDEM_FAKE_PREFILL_S": "0.008"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.fakes.serve", "--port", str(port),
          "--shutdown-timeout", str(grace)],
@@ -147,14 +149,14 @@ def one_round(grace: float, sig: int, long_prompt: bool) -> list[str]:
             if line.startswith("tandem: serving "):
                 break
         url = f"http://127.0.0.1:{port}"
-        streams = [Client(url, p, b) for _, p, b in STREAMS]
-        collected = [Client(url, p, b) for _, p, b in COLLECTED]
+        streams = [Client(url, *request) for request in STREAMS]
+        collected = [Client(url, *request, collected=True) for request in COLLECTED]
         for c in streams + collected:
             c.start()
         for c in streams:
             assert c.started.wait(30)
         if long_prompt:  # its prefill steps run when the grace period ends
-            collected.append(Client(url, *LONG_PROMPT[1:]))
+            collected.append(Client(url, *LONG_PROMPT, collected=True))
             collected[-1].start()
             threading.Event().wait(0.3)
         proc.send_signal(sig)
@@ -168,22 +170,21 @@ def one_round(grace: float, sig: int, long_prompt: bool) -> list[str]:
             proc.wait()
     if rc != 0 or stderr:
         problems.append(f"exit {rc}, stderr: {stderr[-2000:]}")
-    names = [n for n, _, _ in STREAMS] + [n for n, _, _ in COLLECTED] + [LONG_PROMPT[0]]
-    for name, c in zip(names, streams + collected, strict=False):
+    for c in streams + collected:
         if c.error is not None:
-            problems.append(f"{name}: {c.error!r}")
+            problems.append(f"{c.name}: {c.error!r}")
             continue
-        if c.body.get("stream") is False or "stream" not in c.body and c.path.startswith("/v1"):
+        if c.collected:
             got: object = (c.status, json.loads(c.text))
             want: object = (503, OPENAI_ERROR)
         else:
             try:
-                got = (c.status, ending(name, c.path, c.text))
+                got = (c.status, ending(c.path, c.text))
             except (ValueError, IndexError, KeyError) as exc:
                 got = (c.status, f"unreadable ending ({exc!r}): {c.text[-300:]!r}")
             want = (200, EXPECTED[c.path])
         if got != want:
-            problems.append(f"{name}: {got!r}")
+            problems.append(f"{c.name}: {got!r}")
     return problems
 
 

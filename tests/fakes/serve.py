@@ -3,8 +3,9 @@
 with `load_engine` replaced by `tests.e2e.conftest.fake_engine`.
 
 Environment: `TANDEM_FAKE_STEP_S`, the simulated seconds per step (default 0.003);
-`TANDEM_FAKE_TOKEN_S`, further simulated seconds per token computed in a step (default 0: a
-prompt of 512 tokens then takes a long step, as a real prefill does);
+`TANDEM_FAKE_PREFILL_S`, further simulated seconds per token of a prompt chunk of 256 tokens
+or more computed in a step (default 0), so a long prompt's prefill takes long steps, as on a
+larger model;
 `TANDEM_FAKE_REPLY_CHARS`, the length of every reply in characters (= tokens; default: the
 fixtures' 40-character `scripted_reply`), `GREEDY_TEXT` repeated."""
 
@@ -25,12 +26,12 @@ def _engine(args: object, **kw: object) -> object:
     if chars:
         n = int(chars)
         runner.default = (GREEDY_TEXT * (n // len(GREEDY_TEXT) + 1))[:n]
-    token_s = float(os.environ.get("TANDEM_FAKE_TOKEN_S", "0"))
+    token_s = float(os.environ.get("TANDEM_FAKE_PREFILL_S", "0"))
     if token_s:
         execute = runner.execute
 
         def slow_execute(items: list) -> object:
-            time.sleep(token_s * sum(len(item.tokens) for item in items))
+            time.sleep(token_s * sum(len(i.tokens) for i in items if len(i.tokens) >= 256))
             return execute(items)
 
         runner.execute = slow_execute  # type: ignore[method-assign]
