@@ -57,8 +57,10 @@ COLLECTED = [
     ("collected chat", "/v1/chat/completions",
      {"messages": MSG, "max_tokens": LONG, "temperature": 0}),
 ]
-LONG_PROMPT = ("long prompt", "/v1/completions",
-               {"prompt": "x" * 1500, "max_tokens": LONG, "temperature": 0})
+# streamed: its first chunk (the role) is sent once it is submitted, before its prefill
+LONG_PROMPT = ("chat, long prompt", "/v1/chat/completions",
+               {"messages": [{"role": "user", "content": "x" * 1500}], "stream": True,
+                "max_tokens": LONG, "temperature": 0})
 
 # (grace seconds, signal, long prompt just before the signal)
 ROUNDS = [(0, signal.SIGINT, True), (1, signal.SIGTERM, False), (0.5, signal.SIGINT, True),
@@ -156,9 +158,9 @@ def one_round(grace: float, sig: int, long_prompt: bool) -> list[str]:
         for c in streams:
             assert c.started.wait(30)
         if long_prompt:  # its prefill steps run when the grace period ends
-            collected.append(Client(url, *LONG_PROMPT, collected=True))
-            collected[-1].start()
-            threading.Event().wait(0.3)
+            streams.append(Client(url, *LONG_PROMPT))
+            streams[-1].start()
+            assert streams[-1].started.wait(30)
         proc.send_signal(sig)
         for c in streams + collected:
             c.join(60)

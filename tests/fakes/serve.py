@@ -1,13 +1,13 @@
-"""`tandem serve` on the fake engine, as a process (no model): `python -m tests.fakes.serve
+"""`tandem serve` on a fake engine, as a process (no model): `python -m tests.fakes.serve
 [serve flags]` runs `app.commands.serve` unchanged (flags, banner, signals, graceful stop)
-with `load_engine` replaced by `tests.e2e.conftest.fake_engine`.
+with `load_engine` replaced by the real `AsyncEngine` over a `ScriptedRunner` (the engine of
+`tests.e2e.conftest.fake_engine`; that module is not imported: openai and pytest would
+double the process's start-up).
 
-Environment: `TANDEM_FAKE_STEP_S`, the simulated seconds per step (default 0.003);
-`TANDEM_FAKE_PREFILL_S`, further simulated seconds per token of a prompt chunk of 256 tokens
-or more computed in a step (default 0), so a long prompt's prefill takes long steps, as on a
-larger model;
-`TANDEM_FAKE_REPLY_CHARS`, the length of every reply in characters (= tokens; default: the
-fixtures' 40-character `scripted_reply`), `GREEDY_TEXT` repeated."""
+Environment: `TANDEM_FAKE_REPLY_CHARS`, the length of every reply in characters (= tokens;
+default 40); `TANDEM_FAKE_STEP_S`, the simulated seconds per step (default 0.003);
+`TANDEM_FAKE_PREFILL_S`, further seconds per token of a prompt chunk of 256 tokens or more
+in a step (default 0), so a long prompt's prefill takes long steps, as on a larger model."""
 
 from __future__ import annotations
 
@@ -17,15 +17,21 @@ import time
 
 from app import cli
 from app.commands import serve
-from tests.e2e.conftest import GREEDY_TEXT, fake_engine
+from app.engine.async_engine import AsyncEngine
+from app.engine.engine import EngineConfig, LLMEngine
+from app.engine.scheduler import SchedulerConfig
+from tests.fakes.runner import ScriptedRunner
+
+TEXT = "Once upon a time, in a land of naïve cafés, a quick brown fox told a story. "
+CONTEXT = 2048
 
 
-def _engine(args: object, **kw: object) -> object:
-    engine, runner = fake_engine(step_s=float(os.environ.get("TANDEM_FAKE_STEP_S", "0.003")))
-    chars = os.environ.get("TANDEM_FAKE_REPLY_CHARS")
-    if chars:
-        n = int(chars)
-        runner.default = (GREEDY_TEXT * (n // len(GREEDY_TEXT) + 1))[:n]
+def _engine(args: object, **kw: object) -> AsyncEngine:
+    chars = int(os.environ.get("TANDEM_FAKE_REPLY_CHARS", "40"))
+    runner = ScriptedRunner(default=(TEXT * (chars // len(TEXT) + 1))[:chars],
+                            step_s=float(os.environ.get("TANDEM_FAKE_STEP_S", "0.003")),
+                            max_seqs=32, num_blocks=1024, block_size=16, n_ctx=CONTEXT,
+                            name="fake-model")
     token_s = float(os.environ.get("TANDEM_FAKE_PREFILL_S", "0"))
     if token_s:
         execute = runner.execute
@@ -35,7 +41,9 @@ def _engine(args: object, **kw: object) -> object:
             return execute(items)
 
         runner.execute = slow_execute  # type: ignore[method-assign]
-    return engine
+    config = EngineConfig(context_length=CONTEXT, scheduler=SchedulerConfig(
+        max_num_seqs=32, max_num_batched_tokens=512, max_waiting=64))
+    return AsyncEngine(LLMEngine(runner, config), "fake-model", "fake")
 
 
 def main() -> int:
