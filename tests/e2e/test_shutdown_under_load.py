@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -62,10 +63,11 @@ LONG_PROMPT = ("chat, long prompt", "/v1/chat/completions",
                {"messages": [{"role": "user", "content": "x" * 1500}], "stream": True,
                 "max_tokens": LONG, "temperature": 0})
 
-# (grace seconds, signal, long prompt just before the signal)
-ROUNDS = [(0, signal.SIGINT, True), (1, signal.SIGTERM, False), (0.5, signal.SIGINT, True),
-          (0, signal.SIGTERM, False), (1, signal.SIGINT, False), (0.5, signal.SIGTERM, True),
-          (0.5, signal.SIGINT, False)]
+# (grace seconds, signal, long prompt just before the signal, a client that reads nothing)
+ROUNDS = [(0, signal.SIGINT, True, False), (1, signal.SIGTERM, False, True),
+          (0.5, signal.SIGINT, True, False), (0, signal.SIGTERM, False, False),
+          (1, signal.SIGINT, False, False), (0.5, signal.SIGTERM, True, False),
+          (0.5, signal.SIGINT, False, True)]
 
 
 class Client(threading.Thread):
@@ -136,7 +138,22 @@ EXPECTED = {
 }
 
 
-def one_round(grace: float, sig: int, long_prompt: bool) -> list[str]:
+def stalled_client(port: int) -> socket.socket:
+    """A socket with a 4 KiB receive buffer whose long stream (4 choices, 20 logprobs a token:
+    about 6 KB a step) has begun and which reads nothing more: once the buffers between are
+    full, the server's writes to it wait (until the connection is dropped)."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    body = json.dumps({"messages": MSG, "stream": True, "max_tokens": LONG, "n": 4,
+                       "temperature": 0, "logprobs": True, "top_logprobs": 20}).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    sock.settimeout(30)
+    sock.recv(1, socket.MSG_PEEK)  # the response began: the request is in the engine
+    return sock
+
+
+def one_round(grace: float, sig: int, long_prompt: bool, stalled: bool) -> list[str]:
     """Serve, start the traffic, signal, and list what went wrong (empty: nothing)."""
     port = free_port()
     env = {**os.environ, "TANDEM_FAKE_REPLY_CHARS": "5000", "TANDEM_FAKE_PREFILL_S": "0.008"}
@@ -157,6 +174,7 @@ def one_round(grace: float, sig: int, long_prompt: bool) -> list[str]:
             c.start()
         for c in streams:
             assert c.started.wait(30)
+        stalled_sock = stalled_client(port) if stalled else None
         if long_prompt:  # its prefill steps run when the grace period ends
             streams.append(Client(url, *LONG_PROMPT))
             streams[-1].start()
@@ -166,6 +184,8 @@ def one_round(grace: float, sig: int, long_prompt: bool) -> list[str]:
             c.join(60)
         rc = proc.wait(timeout=60)
         stderr = proc.stderr.read()
+        if stalled_sock is not None:
+            stalled_sock.close()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -176,15 +196,11 @@ def one_round(grace: float, sig: int, long_prompt: bool) -> list[str]:
         if c.error is not None:
             problems.append(f"{c.name}: {c.error!r}")
             continue
-        if c.collected:
-            got: object = (c.status, json.loads(c.text))
-            want: object = (503, OPENAI_ERROR)
-        else:
-            try:
-                got = (c.status, ending(c.path, c.text))
-            except (ValueError, IndexError, KeyError) as exc:
-                got = (c.status, f"unreadable ending ({exc!r}): {c.text[-300:]!r}")
-            want = (200, EXPECTED[c.path])
+        want = (503, OPENAI_ERROR) if c.collected else (200, EXPECTED[c.path])
+        try:
+            got = (c.status, json.loads(c.text) if c.collected else ending(c.path, c.text))
+        except (ValueError, IndexError, KeyError) as exc:
+            got = (c.status, f"unreadable ending ({exc!r}): {c.text[-300:]!r}")
         if got != want:
             problems.append(f"{c.name}: {got!r}")
     return problems
@@ -193,9 +209,9 @@ def one_round(grace: float, sig: int, long_prompt: bool) -> list[str]:
 @pytest.mark.timeout(180)
 def test_every_stream_ends_with_its_error_event_over_repeated_shutdowns() -> None:
     failures = {}
-    for k, (grace, sig, long_prompt) in enumerate(ROUNDS):
-        problems = one_round(grace, sig, long_prompt)
+    for k, (grace, sig, long_prompt, stalled) in enumerate(ROUNDS):
+        problems = one_round(grace, sig, long_prompt, stalled)
         if problems:
             failures[f"round {k} (grace {grace} s, {signal.Signals(sig).name}, long prompt "
-                     f"{long_prompt})"] = problems
+                     f"{long_prompt}, stalled client {stalled})"] = problems
     assert failures == {}
