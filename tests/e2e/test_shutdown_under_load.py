@@ -9,7 +9,10 @@ tokens, so no long stream ends by itself, and a prompt chunk of 256 tokens or mo
 a token, so the long prompt sent just before the signal in some rounds makes a step of 4 s
 (a 500-token prefill chunk, as a larger model takes on a small machine) while the grace
 period ends: longer than the 2 s the streams had, when they waited for the engine to answer
-their abort, before uvicorn cancelled them. 7 rounds, about 40 s."""
+their abort, before uvicorn cancelled them. Two rounds add a client that stops reading its
+stream (with the 16 KiB send buffer every connection gets here, the server's writes to it
+wait at once): its connection must be dropped before uvicorn would cancel its task.
+7 rounds, about 40 s."""
 
 from __future__ import annotations
 
@@ -156,7 +159,8 @@ def stalled_client(port: int) -> socket.socket:
 def one_round(grace: float, sig: int, long_prompt: bool, stalled: bool) -> list[str]:
     """Serve, start the traffic, signal, and list what went wrong (empty: nothing)."""
     port = free_port()
-    env = {**os.environ, "TANDEM_FAKE_REPLY_CHARS": "5000", "TANDEM_FAKE_PREFILL_S": "0.008"}
+    env = {**os.environ, "TANDEM_FAKE_REPLY_CHARS": "5000", "TANDEM_FAKE_PREFILL_S": "0.008",
+           "TANDEM_FAKE_SNDBUF": "16384"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.fakes.serve", "--port", str(port),
          "--shutdown-timeout", str(grace)],

@@ -7,16 +7,21 @@ double the process's start-up).
 Environment: `TANDEM_FAKE_REPLY_CHARS`, the length of every reply in characters (= tokens;
 default 40); `TANDEM_FAKE_STEP_S`, the simulated seconds per step (default 0.003);
 `TANDEM_FAKE_PREFILL_S`, further seconds per token of a prompt chunk of 256 tokens or more
-in a step (default 0), so a long prompt's prefill takes long steps, as on a larger model."""
+in a step (default 0), so a long prompt's prefill takes long steps, as on a larger model;
+`TANDEM_FAKE_SNDBUF`, the send buffer in bytes of every connection (default: the kernel's,
+which Linux grows to 4 MB on loopback; a small one makes a client that stops reading block
+the server's writes at once, as a slow link would)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 
 from app import cli
 from app.commands import serve
+from app.commands.graceful import bind_socket
 from app.engine.async_engine import AsyncEngine
 from app.engine.engine import EngineConfig, LLMEngine
 from app.engine.scheduler import SchedulerConfig
@@ -46,8 +51,17 @@ def _engine(args: object, **kw: object) -> AsyncEngine:
     return AsyncEngine(LLMEngine(runner, config), "fake-model", "fake")
 
 
+def _bind_socket(host: str, port: int) -> socket.socket:
+    sock = bind_socket(host, port)
+    sndbuf = os.environ.get("TANDEM_FAKE_SNDBUF")
+    if sndbuf:  # accepted connections inherit it
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, int(sndbuf))
+    return sock
+
+
 def main() -> int:
     serve.load_engine = _engine  # type: ignore[assignment]
+    serve.bind_socket = _bind_socket  # type: ignore[assignment]
     return cli.main(["serve", "--model", "fake-model", *sys.argv[1:]])
 
 
