@@ -70,9 +70,14 @@ async def respond(
     """Stream `events` (as `media_type`) if given, else collect every choice and answer
     `make_body(states)`.
 
-    A client gone before the collected answer gets status 499 (nobody reads it); either way
-    the engine streams are cancelled, which frees their KV blocks within one step. Raises
-    APIError 503 `server_shutting_down` when the server stopped before a choice ended.
+    Every API's responses come through here: the streams count as open in `ctx` until the
+    response is over, so a shutdown's `ctx.end_streams` ends them all (a streamed response
+    then sends its API's error event, which `events` renders). A client gone before the
+    collected answer gets status 499 (nobody reads it); a streaming client gone, or dropped
+    for not reading (`app.server.limits`), closes `events`; either way the engine streams
+    are cancelled, which frees their KV blocks within one step. Raises APIError 503
+    `server_shutting_down` when the server stopped before a choice ended, or had already
+    ended its streams when the request came.
     """
     ctx.open(streams)  # past the grace period of a shutdown: 503 server_shutting_down
     if events is not None:
