@@ -5,9 +5,13 @@ printed once uvicorn listens, and Ctrl+C / SIGTERM stop gracefully.
 A graceful stop, built on uvicorn's own shutdown: new connections are refused at once and
 idle ones closed (an idle server exits at once); running requests get `grace_s` seconds to
 finish; then `on_grace_expired` ends the rest (`ServerContext.end_streams`: each open stream
-gets an error event and `[DONE]`), and uvicorn waits `END_MARGIN_S` more for those last
-bytes before it would cancel anything. The process exits 0: uvicorn re-raises a caught
-signal after its shutdown, which this server does not. A second Ctrl+C quits at once.
+gets an error event and `[DONE]` at once, whatever the engine is computing). A connection
+still open `END_MARGIN_S` later is a client that does not read those last bytes: it is
+dropped (its transport aborted), so every request task ends by itself and uvicorn, which
+waits `DROP_MARGIN_S` more, never has to cancel one (that printed "Cancel N running
+task(s)" and a CancelledError traceback, and cut the streams without a word). The process
+exits 0: uvicorn re-raises a caught signal after its shutdown, which this server does not.
+A second Ctrl+C quits at once.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from types import FrameType
 import uvicorn
 
 END_MARGIN_S = 2.0  # seconds for ended streams to send their error event and [DONE]
+DROP_MARGIN_S = 1.0  # seconds for the tasks of dropped connections to end
 
 
 class PortInUseError(OSError):
@@ -50,7 +55,7 @@ class GracefulServer(uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config, grace_s: float,
                  on_grace_expired: Callable[[], object], on_listening: Callable[[], object]):
-        config.timeout_graceful_shutdown = int(grace_s + END_MARGIN_S + 0.999)
+        config.timeout_graceful_shutdown = int(grace_s + END_MARGIN_S + DROP_MARGIN_S + 0.999)
         super().__init__(config)
         self.grace_s = grace_s
         self.on_grace_expired = on_grace_expired
@@ -68,8 +73,20 @@ class GracefulServer(uvicorn.Server):
             self.on_listening()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        timer = asyncio.get_running_loop().call_later(self.grace_s, self.on_grace_expired)
+        loop = asyncio.get_running_loop()
+        timers = [loop.call_later(self.grace_s, self.on_grace_expired),
+                  loop.call_later(self.grace_s + END_MARGIN_S, self.drop_connections)]
         try:
             await super().shutdown(sockets)
         finally:
-            timer.cancel()
+            for timer in timers:
+                timer.cancel()
+
+    def drop_connections(self) -> int:
+        """Abort every connection still open (see the module docstring); returns how many."""
+        connections = list(self.server_state.connections)
+        for connection in connections:
+            transport = getattr(connection, "transport", None)
+            if transport is not None:
+                transport.abort()
+        return len(connections)

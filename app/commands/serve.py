@@ -63,6 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    metavar="SECONDS",
                    help="on Ctrl+C or SIGTERM, seconds running requests may take to finish "
                    "before their streams are ended with an error (default: 10)")
+    p.add_argument("--stream-write-timeout", type=non_negative_float, default=None,
+                   metavar="SECONDS",  # the default: app.server.limits.WRITE_TIMEOUT_S
+                   help="drop a client that takes none of its reply's bytes for this long and "
+                   "abort its request (0: never; default: 30)")
     p.set_defaults(func=run)
 
 
@@ -98,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.server.app import create_app
-    from app.server.limits import uvicorn_options
+    from app.server.limits import WRITE_TIMEOUT_S, uvicorn_options
     from app.server.prefill_log import PrefillLog
 
     # tandem's own loggers (two-box transfers and fallbacks, long prefills) at the server's
@@ -106,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     logger = logging.getLogger("tandem")
     logger.setLevel(logging.DEBUG if args.log_level == "trace" else args.log_level.upper())
     spec = args.model
+    write_timeout_s = (WRITE_TIMEOUT_S if args.stream_write_timeout is None
+                       else args.stream_write_timeout or None)  # 0: never
     api_key = args.api_key if args.api_key is not None else os.environ.get("TANDEM_API_KEY")
     try:  # before the model loads: a busy port is reported at once
         sock = bind_socket(args.host, args.port)
@@ -143,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             log_level=args.log_level,
             access_log=args.log_level in ("debug", "info"),
-            **uvicorn_options(),  # header and keep-alive timeouts: slow clients hold nothing
+            # header, keep-alive and write timeouts: slow clients hold nothing
+            **uvicorn_options(write_timeout_s=write_timeout_s),
         )
         shown = f"[{args.host}]" if ":" in args.host else args.host
         d = engine.describe()

@@ -67,6 +67,14 @@ class RequestStream:
         if not self.finished:
             self._engine._abort(self.request_id)
 
+    def end(self, exc: BaseException) -> None:
+        """Abort the request and raise `exc` to the consumer after the outputs already
+        queued, without waiting for the step in progress (whose output is then dropped).
+        Call on the stream's event loop."""
+        if not self.finished:
+            self._engine._abort(self.request_id)
+            self._put(exc)
+
 
 class AsyncEngine:
     """Asynchronous front of the engine, shared by the CLI, the server and the TUI.

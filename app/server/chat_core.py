@@ -148,7 +148,6 @@ async def chat_events(ctx: ServerContext, streams: list[Any], job: Job
     """
     state = ChoiceState(job)
     outputs = merge_outputs(streams, ctx.metrics)
-    ctx.open_streams.update(streams)  # `ctx.end_streams` ends them when the server stops
     try:
         async for _, out in outputs:
             if ctx.stopping and out.finished and out.finish_reason == "abort":
@@ -162,5 +161,4 @@ async def chat_events(ctx: ServerContext, streams: list[Any], job: Job
             if out.finished:
                 yield Finished(state)
     finally:
-        ctx.open_streams.difference_update(streams)
         await outputs.aclose()

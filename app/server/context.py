@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from app.server.errors import APIError
+from app.server.errors import APIError, shutting_down
 from app.server.metrics import ServerMetrics
 from models.registry import GenerationDefaults
 
@@ -35,15 +35,31 @@ class ServerContext:
     stopping: bool = False
     pool: Any = None
 
+    def open(self, streams: list[Any]) -> None:
+        """Count a response's engine streams as open until `close`, so that `end_streams`
+        ends them. Raises APIError 503 `server_shutting_down` (after cancelling them) once
+        the streams have been ended: a request that comes in after that gets no reply."""
+        if self.stopping:
+            for s in streams:
+                s.cancel()
+            raise shutting_down()
+        self.open_streams.update(streams)
+
+    def close(self, streams: list[Any]) -> None:
+        """The response of `streams` is over (idempotent)."""
+        self.open_streams.difference_update(streams)
+
     def end_streams(self) -> int:
-        """The server is stopping and its grace period is over: cancel every open engine
-        stream, so each streamed response ends with a `server_shutting_down` error event and
-        `[DONE]`, and each collected one answers 503 (`app.server.responses`). Returns how
-        many streams were open."""
+        """The server is stopping and its grace period is over: end every open engine
+        stream now with a `server_shutting_down` error, so each streamed response sends its
+        error event (and `[DONE]` on the OpenAI APIs) and each collected one answers 503
+        (`app.server.responses`) without waiting for the engine's step in progress, which
+        may take seconds (a long prefill chunk); their requests are aborted, freeing their
+        KV blocks after that step. Returns how many streams were open."""
         self.stopping = True
         streams = list(self.open_streams)
         for s in streams:
-            s.cancel()
+            s.end(shutting_down())
         return len(streams)
 
     def resolve_model(self, requested: str | None) -> str:

@@ -15,6 +15,19 @@ Both are `RequestLimitsMiddleware`, pure ASGI; the 413/408 bodies are in the sha
   protocol, which the server speaks (its event loop spends less CPU per streamed chunk than
   with h11: README, Benchmarks), so `header_limits_protocol` adds both.
   Idle keep-alive connections are closed after uvicorn's `timeout_keep_alive` (5 s).
+- Clients that stop reading (`WRITE_TIMEOUT_S`, `tandem serve --stream-write-timeout`): a
+  response's bytes go to the connection's transport, whose buffer uvicorn keeps under its
+  64 KiB high-water mark (`send` waits while it is above, so a streamed response's
+  generator, and with it the reading of the engine's outputs, waits too); a connection
+  whose buffer stays above that mark for `write_timeout_s` seconds (the client took fewer
+  than 48 KiB, down to the 16 KiB low-water mark, in that time), or that still holds
+  unsent bytes `write_timeout_s` seconds after its response ended, is aborted. Its
+  request then sees a disconnect: a stream's engine requests are aborted and their KV
+  blocks freed within one step. What one stalled stream holds meanwhile: the kernel's
+  socket buffers, at most 64 KiB plus one event in the transport, and the engine outputs
+  produced while `send` waited (at most `write_timeout_s` seconds of decoding; never more
+  than the request's `max_tokens`). The engine's step loop and the other streams never
+  wait for it: outputs are queued to each stream without waiting for its consumer.
 
 The server is one asyncio process: a slow client holds a socket, never a worker thread, so
 other requests keep flowing while it dawdles; these limits bound how long it holds the socket.
@@ -24,6 +37,7 @@ other requests keep flowing while it dawdles; these limits bound how long it hol
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -37,6 +51,9 @@ BODY_TIMEOUT_S = 30.0
 HEADER_TIMEOUT_S = 30.0
 MAX_HEADER_BYTES = 16 * 1024
 KEEP_ALIVE_S = 5
+WRITE_TIMEOUT_S = 30.0  # nginx's send_timeout is 60 s; a client that reads takes bytes at once
+
+log = logging.getLogger("tandem.server")
 
 
 class BodyTooLarge(HTTPException):
@@ -121,11 +138,13 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-def header_limits_protocol(timeout_s: float,
-                           max_header_bytes: int = MAX_HEADER_BYTES) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with a header timeout of `timeout_s` seconds and a limit
-    of `max_header_bytes` on a request's incomplete headers (see the module docstring);
-    pass it as `uvicorn.Config(http=...)`."""
+def header_limits_protocol(timeout_s: float, max_header_bytes: int = MAX_HEADER_BYTES,
+                           write_timeout_s: float | None = WRITE_TIMEOUT_S
+                           ) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with a header timeout of `timeout_s` seconds, a limit
+    of `max_header_bytes` on a request's incomplete headers and a write timeout of
+    `write_timeout_s` seconds (None: none) (see the module docstring); pass it as
+    `uvicorn.Config(http=...)`."""
 
     class HeaderLimitsProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
@@ -155,7 +174,50 @@ def header_limits_protocol(timeout_s: float,
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._stop_write_timer()
             super().connection_lost(exc)
+
+        # the write timeout: armed while uvicorn's writes are paused, or while the
+        # connection closes with bytes unsent (the transport would wait for them forever)
+        _write_timer: asyncio.TimerHandle | None = None
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            self._start_write_timer()
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self._stop_write_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._unsent_check()
+
+        def timeout_keep_alive_handler(self) -> None:
+            super().timeout_keep_alive_handler()
+            self._unsent_check()
+
+        def _unsent_check(self) -> None:
+            # closing (no further request on it) with bytes the client has not taken
+            if self.transport.is_closing() and self.transport.get_write_buffer_size() > 0:
+                self._start_write_timer()
+
+        def _start_write_timer(self) -> None:
+            if write_timeout_s is not None and self._write_timer is None:
+                self._write_timer = self.loop.call_later(write_timeout_s, self._write_expired)
+
+        def _stop_write_timer(self) -> None:
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+
+        def _write_expired(self) -> None:
+            self._write_timer = None
+            if self.transport.get_write_buffer_size() == 0 and not self.flow.write_paused:
+                return  # the unsent bytes went out meanwhile
+            log.info("dropped a client that read nothing for %g s: %s", write_timeout_s,
+                     self.client)
+            self.transport.abort()
 
         def _arm(self) -> None:
             if self._header_timer is None:
@@ -176,7 +238,10 @@ def header_limits_protocol(timeout_s: float,
 
 
 def uvicorn_options(header_timeout_s: float = HEADER_TIMEOUT_S,
-                    keep_alive_s: int = KEEP_ALIVE_S) -> dict[str, Any]:
-    """Keyword arguments for `uvicorn.Config`: the header-limits httptools protocol and the
-    keep-alive timeout (seconds)."""
-    return {"http": header_limits_protocol(header_timeout_s), "timeout_keep_alive": keep_alive_s}
+                    keep_alive_s: int = KEEP_ALIVE_S,
+                    write_timeout_s: float | None = WRITE_TIMEOUT_S) -> dict[str, Any]:
+    """Keyword arguments for `uvicorn.Config`: the limits' httptools protocol (header and
+    write timeouts, seconds; a write timeout of None: none) and the keep-alive timeout
+    (seconds)."""
+    return {"http": header_limits_protocol(header_timeout_s, write_timeout_s=write_timeout_s),
+            "timeout_keep_alive": keep_alive_s}

@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from starlette.types import Receive, Scope, Send
 
 from app.engine.types import RequestOutput
 from app.server.context import ServerContext
@@ -70,28 +70,58 @@ async def respond(
     """Stream `events` (as `media_type`) if given, else collect every choice and answer
     `make_body(states)`.
 
-    A client gone before the collected answer gets status 499 (nobody reads it); either way
-    the engine streams are cancelled, which frees their KV blocks within one step. Raises
-    APIError 503 `server_shutting_down` when the server stopped before a choice ended.
+    Every API's responses come through here: the streams count as open in `ctx` until the
+    response is over, so a shutdown's `ctx.end_streams` ends them all (a streamed response
+    then sends its API's error event, which `events` renders). A client gone before the
+    collected answer gets status 499 (nobody reads it); a streaming client gone, or dropped
+    for not reading (`app.server.limits`), closes `events`; either way the engine streams
+    are cancelled, which frees their KV blocks within one step. Raises APIError 503
+    `server_shutting_down` when the server stopped before a choice ended, or had already
+    ended its streams when the request came.
     """
+    ctx.open(streams)  # past the grace period of a shutdown: 503 server_shutting_down
     if events is not None:
+
+        def done() -> None:
+            ctx.close(streams)
+            cancel_all(streams)
+
         # not sse-starlette's EventSourceResponse: its per-send cancel scope and tasks cost
         # 0.3 ms per token at one stream (5% of a 135M model's decode on 2 cores)
-        return StreamingResponse(
-            events, media_type=media_type,
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            background=BackgroundTask(cancel_all, streams))
-    ctx.open_streams.update(streams)
+        return EventStream(
+            events, done, media_type=media_type,
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         states = await until_disconnect(request, collect(streams, jobs, ctx.metrics))
     except ClientDisconnected:
         return Response(status_code=499)
     finally:
-        ctx.open_streams.difference_update(streams)
+        ctx.close(streams)
         cancel_all(streams)
     if ctx.stopping and any(s.finish_reason == "abort" for s in states):
         raise shutting_down()
     return JSONResponse(make_body(states))
+
+
+class EventStream(StreamingResponse):
+    """Starlette's `StreamingResponse` of `events` that, however it ends (sent in full, the
+    client gone or dropped for not reading, the task cancelled), closes `events` (their
+    `finally` runs now, not when collected) and then calls `done()`."""
+
+    def __init__(self, events: AsyncIterator[bytes], done: Callable[[], None],
+                 **kw: Any):
+        super().__init__(events, **kw)
+        self._events = events
+        self._done = done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self._events.aclose()  # type: ignore[attr-defined]
+            finally:
+                self._done()
 
 
 async def stream_chunks(
@@ -134,7 +164,6 @@ async def stream_chunks(
 
     states = [ChoiceState(job) for job in jobs]
     outputs = merge_outputs(streams, ctx.metrics)
-    ctx.open_streams.update(streams)  # `ctx.end_streams` ends them when the server stops
     try:
         for pos, job in enumerate(jobs):
             choice = opening(pos, job)
@@ -162,6 +191,5 @@ async def stream_chunks(
             log.exception("stream %s failed", base.get("id"))
         yield stream_error(exc)
     finally:
-        ctx.open_streams.difference_update(streams)
         await outputs.aclose()
     yield SSE_DONE

@@ -96,3 +96,37 @@ async def test_outputs_of_several_streams_are_handled_before_the_next_step():
         engine.shutdown()
     assert tokens == [[4, 5, 6, 7], [22, 23, 24, 25]]
     assert len(runner.steps) == 4
+
+
+async def test_end_reaches_the_consumer_while_a_step_computes():
+    # the server's shutdown ends streams this way: a long step (a prefill chunk) must not
+    # hold back their error events; the request is aborted once the step is over
+    from app.engine.engine import EngineConfig, LLMEngine
+    from app.engine.scheduler import SchedulerConfig
+    from tests.fakes.runner import ScriptedRunner
+
+    runner = ScriptedRunner(default="a long reply, long enough", max_seqs=2)
+    engine = AsyncEngine(LLMEngine(runner, EngineConfig(
+        context_length=256, scheduler=SchedulerConfig(max_num_seqs=2))), "fake", "fake")
+    runner.hold(after_tokens=1)
+    try:
+        stream = engine.submit([1, 2, 3], greedy(20))
+        first = await anext(stream)
+        assert await asyncio.to_thread(runner.holding.wait, 30)  # the next step is held
+        stream.end(ConnectionAbortedError("shutting down"))
+        try:
+            await asyncio.wait_for(anext(stream), 30)
+        except ConnectionAbortedError as exc:
+            ended = str(exc)
+        assert engine.stats().running == 1  # the held step still runs the request
+        runner.release()
+        for _ in range(600):  # the abort is applied after the held step
+            if engine.stats().running == 0 and not engine.engine.requests:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        runner.release()
+        engine.shutdown()
+    assert (len(first.token_ids), ended) == (1, "shutting down")
+    assert (engine.stats().running, engine.stats().kv_blocks_used) == (0, 0)
+    assert [out async for out in stream] == []  # ended: nothing more comes
