@@ -22,6 +22,7 @@ from app.server.context import ServerContext
 from app.server.errors import install_error_handlers
 from app.server.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestLimitsMiddleware
 from app.server.metrics import ServerMetrics
+from app.server.openapi import install_openapi
 from app.server.routes_embeddings import router as embeddings_router
 from app.server.routes_messages import router as messages_router
 from app.server.routes_responses import router as responses_router
@@ -84,6 +85,7 @@ def create_app(
     app.include_router(responses_router)
     app.include_router(routes_misc.public)
     app.include_router(routes_ollama.router)
+    install_openapi(app, [name, *sorted(app.state.ctx.aliases)], guarded=bool(api_key))
     if api_key:  # added first: innermost, so CORS answers preflights without a key
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     origins = list(cors_origins)

@@ -59,6 +59,7 @@ from app.server.chat_core import (
 from app.server.context import Ctx, ServerContext
 from app.server.errors import ANTHROPIC_PREFIX, APIError, bad_request
 from app.server.generation import ChoiceState, Job, submit_jobs
+from app.server.openapi import STREAMED_SSE, documented_body
 from app.server.responses import respond
 from app.server.schemas import SamplingFields
 from app.server.schemas_messages import (
@@ -310,7 +311,7 @@ async def prompt_ids(ctx: ServerContext, chat: ChatInput) -> list[int]:
     return await asyncio.to_thread(render_prompt, ctx.engine, messages, template_tools)
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post("/v1/messages/count_tokens", openapi_extra=documented_body(CountTokensRequest))
 async def count_tokens(ctx: Ctx, body: JSONObject) -> JSONResponse:
     req = parse(CountTokensRequest, body)
     ctx.resolve_model(req.model)
@@ -318,7 +319,8 @@ async def count_tokens(ctx: Ctx, body: JSONObject) -> JSONResponse:
     return JSONResponse({"input_tokens": len(ids)})
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", responses=STREAMED_SSE,
+             openapi_extra=documented_body(MessagesRequest))
 async def messages(request: Request, ctx: Ctx, body: JSONObject) -> Response:
     req: MessagesRequest = parse(MessagesRequest, body)
     model = ctx.resolve_model(req.model)

@@ -37,6 +37,7 @@ from app.server.chat_core import ChatEvent, ChatInput, Finished, chat_events, pr
 from app.server.context import Ctx, ServerContext
 from app.server.errors import APIError
 from app.server.generation import ChoiceState, submit_jobs
+from app.server.openapi import STREAMED_SSE
 from app.server.responses import respond
 from app.server.responses_input import (
     ResponsesRequest,
@@ -58,7 +59,7 @@ router = APIRouter()
 Event = dict[str, Any]
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", responses=STREAMED_SSE)
 async def create_response(body: ResponsesRequest, request: Request, ctx: Ctx) -> Response:
     model = ctx.resolve_model(body.model)
     refuse_unserved(body)
