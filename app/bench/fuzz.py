@@ -147,7 +147,9 @@ def fuzz(url: str, examples: int, api_key: str | None = None, seed: int = 0,
     per_run = max(1, examples // (len(operations) * len(modes)))
     tally = Tally()
     checks = _checks()
+    seconds: Counter[str] = Counter()
     for op in operations:
+        op_start = time.monotonic()
         for mode in modes:
             try:
                 strategy = op.as_strategy(generation_mode=mode)
@@ -168,6 +170,7 @@ def fuzz(url: str, examples: int, api_key: str | None = None, seed: int = 0,
             except (hypothesis.errors.Unsatisfiable, hypothesis.errors.FailedHealthCheck) as exc:
                 if mode is schemathesis.GenerationMode.POSITIVE:  # negative: may be impossible
                     tally.errors.append(f"{op.label} {mode.value}: {exc}")
+        seconds[op.label] = round(time.monotonic() - op_start, 1)
     server_errors = sum(n for status, n in tally.status.items() if status >= 500)
     return {
         "url": url, "operations": len(operations), "examples_per_operation_and_mode": per_run,
@@ -178,6 +181,7 @@ def fuzz(url: str, examples: int, api_key: str | None = None, seed: int = 0,
         "failures": sorted(tally.failures.values(), key=lambda f: (f["operation"], f["kind"])),
         "generation_errors": tally.errors,
         "seconds": round(time.monotonic() - start, 1),
+        "seconds_per_operation": dict(seconds.most_common()),
     }
 
 
