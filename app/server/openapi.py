@@ -8,7 +8,8 @@ FastAPI's generated document is corrected where it does not say what the server 
 - FastAPI's `422 HTTPValidationError` is replaced by the errors the server answers
   (`ERROR_STATUSES`, plus 401 where an API key guards the path), each in the shape of the
   path's API (`app.server.errors.api_shape`: OpenAI, Anthropic or Ollama);
-- a body's `model` field names the served model or one of its aliases (any other is a 404);
+- a body's `model` field names the served model or one of its aliases, or is empty (any
+  other is a 404);
 - with an API key, the guarded routes (`app.server.auth`) declare bearer and `x-api-key`
   security.
 Streamed replies' media types are declared on the routes (`STREAMED_SSE`, `STREAMED_NDJSON`).
@@ -16,6 +17,7 @@ Streamed replies' media types are declared on the routes (`STREAMED_SSE`, `STREA
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Collection
 from typing import Any, Literal
 
@@ -26,6 +28,7 @@ from pydantic.json_schema import models_json_schema
 
 from app.server.auth import GUARDED_PREFIXES
 from app.server.errors import ANTHROPIC_TYPES, api_shape
+from app.server.ollama_models import TAG
 
 REF = "#/components/schemas/{model}"
 # what any route may answer besides its reply: the client's mistake (400), an unknown model
@@ -101,24 +104,27 @@ def _add_components(schemas: dict[str, Any], models: Collection[type[BaseModel]]
             raise ValueError(f"two OpenAPI component schemas named {name}")
 
 
-def _served_model(schemas: dict[str, Any], body_refs: set[str], names: list[str]) -> None:
-    """Narrow the top-level `model` string of each request body to the served names."""
-    for ref in body_refs:
+def _served_model(schemas: dict[str, Any], body_refs: dict[str, str], names: list[str]) -> None:
+    """Narrow the top-level `model` string of each request body (`body_refs`: its $ref ->
+    the path's API) to the names the server accepts: the served ones, "" (the served
+    model), and on Ollama's routes each with Ollama's `:latest` tag."""
+    for ref, shape in body_refs.items():
         model = schemas.get(ref.rsplit("/", 1)[-1], {}).get("properties", {}).get("model")
         if model is None:
             continue
-        options = model.get("anyOf", [model])
-        for option in options:
+        accepted = ["", *names, *([n + TAG for n in names] if shape == "ollama" else [])]
+        for option in model.get("anyOf", [model]):
             if option.get("type") == "string":
-                option["enum"] = names
-                option.pop("maxLength", None)
-                option.pop("minLength", None)
+                option["enum"] = accepted
 
 
 def build_openapi(app: FastAPI, model_names: list[str], guarded: bool) -> dict[str, Any]:
     """The document for `app` (see the module docstring). `model_names`: the names a
     request's `model` may take; `guarded`: an API key is required under `/v1` and `/api`."""
-    doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    with warnings.catch_warnings():  # one route with two methods (`GET`/`HEAD /`): FastAPI
+        warnings.filterwarnings("ignore", "Duplicate Operation ID")  # gives both one id
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    ids: set[str] = set()
     components = doc.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     _add_components(schemas, [*ERROR_MODELS.values(), *_BODY_MODELS.values()])
@@ -126,14 +132,17 @@ def build_openapi(app: FastAPI, model_names: list[str], guarded: bool) -> dict[s
         components["securitySchemes"] = {
             "bearer": {"type": "http", "scheme": "bearer"},
             "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
-    body_refs: set[str] = set()
+    body_refs: dict[str, str] = {}
     for path, ops in doc["paths"].items():
-        for op in ops.values():
+        for method, op in ops.items():
+            if op.get("operationId") in ids:
+                op["operationId"] += f"_{method}"
+            ids.add(op.get("operationId"))
             media = op.get("requestBody", {}).get("content", {}).get("application/json", {})
             ref = media.get("schema", {}).get("$ref")
             if ref:  # `documented_body` is merged into FastAPI's schema of a `dict` body
                 media["schema"] = {"$ref": ref}
-                body_refs.add(ref)
+                body_refs[ref] = api_shape(path)
             responses = op.setdefault("responses", {})
             responses.pop("422", None)
             error = {"$ref": REF.format(model=ERROR_MODELS[api_shape(path)].__name__)}
