@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from app.bench.fuzz import fuzz
-from tests.e2e.conftest import API_KEY, Server, _start_inprocess
+from tests.e2e.conftest import API_KEY, GREEDY_TEXT, Server, _start_inprocess
 
 pytestmark = pytest.mark.timeout(300)
 EXAMPLES = 152  # 4 per operation and generation mode: 20 to 40 s here
@@ -64,10 +64,15 @@ def test_generated_requests_find_no_server_error_and_no_schema_violation(fake: S
 def test_a_tiny_repetition_penalty_does_not_stop_the_engine(fake: Server) -> None:
     """Found by the fuzzer: `repetition_penalty: 5e-324` overflowed a repeated token's logit
     to inf; the sampler raised, the engine stopped, and every later request was a 500."""
-    body = {"model": fake.model, "prompt": "dog dog dog", "max_tokens": 4, "temperature": 0}
+    # the prompt holds every character of the fake model's replies: the next token is a
+    # repeated one, whose logit the penalty divides
+    body = {"model": fake.model, "prompt": GREEDY_TEXT, "max_tokens": 4, "temperature": 1,
+            "seed": 1}
     penalised = _post(fake, "/v1/completions", {**body, "repetition_penalty": 5e-324})
     assert penalised.status_code == 200, penalised.text
-    assert penalised.json()["choices"][0]["finish_reason"] == "length"
+    # the script's next token is a repeated one: the penalty gives it all the mass
+    assert [(c["text"], c["finish_reason"]) for c in penalised.json()["choices"]] == [
+        ("over", "length")]
     after = _post(fake, "/v1/completions", body)
     assert after.status_code == 200, after.text
 
