@@ -20,9 +20,10 @@ say (cross-field rules such as `top_logprobs` without `logprobs`, features it do
 such as Ollama's `truncate: true` or Anthropic `document` blocks), and the stateful checks
 (the API creates no resources).
 
-Generation is bounded for a real model (`bound_generation`): a positive request asks for at
-most `--max-tokens` tokens (default 8) and `n` at most 2, so 2,000 requests take minutes,
-not hours; out-of-range values that the server must refuse are left as generated.
+Generation is bounded for a real model (`bound_generation`): each request asks for at most
+`--max-tokens` tokens (default 8; added where a request leaves its length out, since the
+default is the context's end) and `n` at most 2, so 2,000 requests take minutes, not hours;
+out-of-range values that the server must refuse are left as generated.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conform
 INT64_MAX = 2**63 - 1
 # body fields that set a reply's length, per route family
 LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+# where the length is optional: the field added when a request leaves it out
+DEFAULT_LENGTH_FIELD = {"/v1/chat/completions": "max_tokens", "/v1/completions": "max_tokens",
+                        "/v1/responses": "max_output_tokens"}
 REQUEST_TIMEOUT_S = 120.0
 
 
@@ -69,9 +73,10 @@ def error_shape(ctx: Any, response: schemathesis.Response, case: schemathesis.Ca
 
 
 def bound_generation(case: schemathesis.Case, max_tokens: int) -> None:
-    """Cap the reply length a valid request asks for, in place: `max_tokens` (and OpenAI's
-    other names), `n`, Ollama's `options.num_predict` (added when absent: Ollama's default
-    is until EOS). Values outside the documented range are left for the server to refuse."""
+    """Cap the reply length a request asks for, in place: `max_tokens` (and OpenAI's other
+    names; added where optional and left out, since the default is the context's end), `n`,
+    Ollama's `options.num_predict` (added when absent: Ollama's default is until EOS).
+    Values outside the documented range are left as generated, for the server to refuse."""
     body = case.body
     if not isinstance(body, dict):
         return
@@ -79,6 +84,9 @@ def bound_generation(case: schemathesis.Case, max_tokens: int) -> None:
         value = body.get(key)
         if type(value) is int and max_tokens < value <= INT64_MAX:
             body[key] = max_tokens
+    default_key = DEFAULT_LENGTH_FIELD.get(case.operation.path)
+    if default_key and not any(body.get(key) is not None for key in LENGTH_FIELDS):
+        body[default_key] = max_tokens  # left out, a reply may run to the context's end
     n = body.get("n")
     if type(n) is int and 2 < n <= 64:
         body["n"] = 2
@@ -135,10 +143,10 @@ def _send(case: schemathesis.Case, headers: dict[str, str], max_tokens: int, tal
 
 
 def fuzz(url: str, examples: int, api_key: str | None = None, seed: int = 0,
-         max_tokens: int = 8) -> dict[str, Any]:
+         max_tokens: int = 8, progress: bool = False) -> dict[str, Any]:
     """Send about `examples` generated requests to the server at `url` (split over its
     operations and both generation modes) and check each answer; returns the summary the
-    module docstring describes."""
+    module docstring describes. `progress`: a line on stderr after each operation."""
     start = time.monotonic()
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -171,6 +179,9 @@ def fuzz(url: str, examples: int, api_key: str | None = None, seed: int = 0,
                 if mode is schemathesis.GenerationMode.POSITIVE:  # negative: may be impossible
                     tally.errors.append(f"{op.label} {mode.value}: {exc}")
         seconds[op.label] = round(time.monotonic() - op_start, 1)
+        if progress:
+            print(f"{op.label}: {seconds[op.label]} s, {sum(tally.status.values())} requests "
+                  "so far", file=sys.stderr, flush=True)
     server_errors = sum(n for status, n in tally.status.items() if status >= 500)
     return {
         "url": url, "operations": len(operations), "examples_per_operation_and_mode": per_run,
@@ -217,10 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.url:
         summary = fuzz(args.url.rstrip("/"), args.examples, args.api_key, args.seed,
-                       args.max_tokens)
+                       args.max_tokens, progress=True)
     else:
         with _serve(args.model, args.ctx_size, "fuzz-key") as url:
-            summary = fuzz(url, args.examples, "fuzz-key", args.seed, args.max_tokens)
+            summary = fuzz(url, args.examples, "fuzz-key", args.seed, args.max_tokens,
+                           progress=True)
     print(json.dumps(summary, indent=2, ensure_ascii=False))
     return 1 if summary["server_errors"] or summary["failures"] else 0
 
