@@ -8,8 +8,9 @@ OpenAPI document (`GET /openapi.json`, `app.server.openapi`), each response chec
 modes (positive: bodies valid against the schema; negative: bodies that violate it). Prints
 a JSON summary: `requests` (generated requests sent; the checks send a few more of their
 own, not counted), `status` (count per HTTP status), `server_errors` (5xx answers),
-`failures` (one entry per operation and kind of failure, with one reproducing curl) and
-`seconds`. Exit status 1 when anything failed.
+`failures` (one entry per operation and kind of failure, with one reproducing curl),
+`requests_per_operation` (an operation without inputs, such as `GET /health`, has only a
+few distinct requests) and `seconds`. Exit status 1 when anything failed.
 
 Checks (`CHECKS`, Schemathesis's names): no 5xx; status, media type, headers and body as
 documented (error bodies in their API's shape: `app.server.openapi.ERROR_MODELS`, also
@@ -105,6 +106,7 @@ class Tally:
     """What a run saw: statuses, and failures deduplicated by (operation, kind)."""
 
     status: Counter[int] = field(default_factory=Counter)
+    per_operation: Counter[str] = field(default_factory=Counter)
     failures: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -130,6 +132,7 @@ def _send(case: schemathesis.Case, headers: dict[str, str], max_tokens: int, tal
         tally.failed(case, "transport", f"{type(exc).__name__}: {exc}", case.as_curl_command())
         return
     tally.status[response.status_code] += 1
+    tally.per_operation[case.operation.label] += 1
     try:
         case.validate_response(response, checks=checks, additional_checks=[error_shape],
                                headers=headers)
@@ -192,6 +195,7 @@ def fuzz(url: str, examples: int, api_key: str | None = None, seed: int = 0,
         "failures": sorted(tally.failures.values(), key=lambda f: (f["operation"], f["kind"])),
         "generation_errors": tally.errors,
         "seconds": round(time.monotonic() - start, 1),
+        "requests_per_operation": dict(tally.per_operation.most_common()),
         "seconds_per_operation": dict(seconds.most_common()),
     }
 
