@@ -4,8 +4,11 @@ OpenAPI document (`GET /openapi.json`, `app.server.openapi`), each response chec
     python -m app.bench.fuzz --examples 2000            # starts `tandem serve` (embedded model)
     python -m app.bench.fuzz --url http://127.0.0.1:8000 --api-key KEY --examples 200
 
-`--examples` is the total: it is split evenly over the operations and the two generation
-modes (positive: bodies valid against the schema; negative: bodies that violate it). Prints
+Two phases per operation: Schemathesis's coverage cases (boundaries and type mismatches:
+the smallest float, the largest integer, empty strings, missing fields; about 2,700 over
+tandem's routes; `--coverage N` sends at most N per operation), then `--examples` generated
+requests in all, split evenly over the operations and the two generation modes (positive:
+bodies valid against the schema; negative: bodies that violate it). Prints
 a JSON summary: `requests` (generated requests sent; the checks send a few more of their
 own, not counted), `status` (count per HTTP status), `server_errors` (5xx answers),
 `failures` (one entry per operation and kind of failure, with one reproducing curl),
@@ -145,11 +148,26 @@ def _send(case: schemathesis.Case, headers: dict[str, str], max_tokens: int, tal
         tally.failed(case, type(exc).__name__, str(exc), case.as_curl_command(headers=headers))
 
 
+def _coverage_cases(schema: Any, op: Any, modes: list[Any], most: int | None) -> list[Any]:
+    """Schemathesis's coverage phase for `op`: boundary and type-mismatch cases (the
+    smallest float, the largest integer, empty strings, missing fields, ...), all of them or
+    `most`, spread evenly over the list."""
+    if most == 0:
+        return []
+    cases = list(schema.iter_coverage_cases(
+        op, generation_modes=modes, generation_config=schema.config.generation_for(operation=op)))
+    if most is None or len(cases) <= most:
+        return cases
+    return [cases[i * len(cases) // most] for i in range(most)]
+
+
 def fuzz(url: str, examples: int, api_key: str | None = None, seed: int = 0,
-         max_tokens: int = 8, progress: bool = False) -> dict[str, Any]:
-    """Send about `examples` generated requests to the server at `url` (split over its
-    operations and both generation modes) and check each answer; returns the summary the
-    module docstring describes. `progress`: a line on stderr after each operation."""
+         max_tokens: int = 8, coverage: int | None = None,
+         progress: bool = False) -> dict[str, Any]:
+    """Send Schemathesis's coverage cases (all, or at most `coverage` per operation) and
+    about `examples` generated requests (split over the operations and both generation
+    modes) to the server at `url`, and check each answer; returns the summary the module
+    docstring describes. `progress`: a line on stderr after each operation."""
     start = time.monotonic()
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -159,8 +177,14 @@ def fuzz(url: str, examples: int, api_key: str | None = None, seed: int = 0,
     tally = Tally()
     checks = _checks()
     seconds: Counter[str] = Counter()
+    phases: Counter[str] = Counter()
     for op in operations:
         op_start = time.monotonic()
+        before = sum(tally.status.values())
+        for case in _coverage_cases(schema, op, list(modes), coverage):
+            _send(case, headers, max_tokens, tally, checks)
+        phases["coverage"] += sum(tally.status.values()) - before
+        before = sum(tally.status.values())
         for mode in modes:
             try:
                 strategy = op.as_strategy(generation_mode=mode)
@@ -181,6 +205,7 @@ def fuzz(url: str, examples: int, api_key: str | None = None, seed: int = 0,
             except (hypothesis.errors.Unsatisfiable, hypothesis.errors.FailedHealthCheck) as exc:
                 if mode is schemathesis.GenerationMode.POSITIVE:  # negative: may be impossible
                     tally.errors.append(f"{op.label} {mode.value}: {exc}")
+        phases["fuzzing"] += sum(tally.status.values()) - before
         seconds[op.label] = round(time.monotonic() - op_start, 1)
         if progress:
             print(f"{op.label}: {seconds[op.label]} s, {sum(tally.status.values())} requests "
@@ -189,7 +214,7 @@ def fuzz(url: str, examples: int, api_key: str | None = None, seed: int = 0,
     return {
         "url": url, "operations": len(operations), "examples_per_operation_and_mode": per_run,
         "seed": seed, "max_tokens": max_tokens,
-        "requests": sum(tally.status.values()),
+        "requests": sum(tally.status.values()), "requests_per_phase": dict(phases),
         "status": {str(k): v for k, v in sorted(tally.status.items())},
         "server_errors": server_errors,
         "failures": sorted(tally.failures.values(), key=lambda f: (f["operation"], f["kind"])),
@@ -225,18 +250,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ctx-size", type=int, default=2048,
                         help="context of the started server, tokens (default 2048)")
     parser.add_argument("--examples", type=int, default=2000,
-                        help="generated requests in all (default 2000)")
+                        help="generated requests in all, after the coverage cases (default 2000)")
+    parser.add_argument("--coverage", type=int, default=None,
+                        help="most coverage cases per operation (default: all; 0: none)")
     parser.add_argument("--seed", type=int, default=0, help="Hypothesis seed (default 0)")
     parser.add_argument("--max-tokens", type=int, default=8,
                         help="most reply tokens a valid generated request asks for (default 8)")
     args = parser.parse_args(argv)
     if args.url:
         summary = fuzz(args.url.rstrip("/"), args.examples, args.api_key, args.seed,
-                       args.max_tokens, progress=True)
+                       args.max_tokens, args.coverage, progress=True)
     else:
         with _serve(args.model, args.ctx_size, "fuzz-key") as url:
             summary = fuzz(url, args.examples, "fuzz-key", args.seed, args.max_tokens,
-                           progress=True)
+                           args.coverage, progress=True)
     print(json.dumps(summary, indent=2, ensure_ascii=False))
     return 1 if summary["server_errors"] or summary["failures"] else 0
 
