@@ -281,8 +281,8 @@ async def mutated_session(t: Target, stage: str, kind: str, seed: int,
                     first = await _read_any(reader, (key,))
                     if first.type != FrameType.KV:
                         return Session(first.type.name, "honest PREFILL got no KV")
-        data, sent_fp = (mutation or mutate)(stage, kind, rng, h, key if stage in ("prefill", "stream")
-                               else b"", challenge)
+        frame_key = key if stage in ("prefill", "stream") else b""  # handshake frames: b""
+        data, sent_fp = (mutation or mutate)(stage, kind, rng, h, frame_key, challenge)
         writer.write(data)
         await writer.drain()
         if sent_fp is not None and stage == "hello":  # finish the handshake over it
@@ -297,6 +297,8 @@ async def mutated_session(t: Target, stage: str, kind: str, seed: int,
         return await _drain(reader, key, close_timeout)
     except (ConnectionError, OSError, asyncio.IncompleteReadError) as e:
         return Session(f"reset:{type(e).__name__}")
+    except ProtocolError as e:  # the honest frames before the mutation were refused
+        return Session("", f"honest frames before the mutation failed: {e.code}: {e}")
     finally:
         writer.close()
 

@@ -13,8 +13,8 @@ from app.bench.fuzz import fuzz
 from tests.e2e.conftest import API_KEY, GREEDY_TEXT, Server, _start_inprocess
 
 pytestmark = pytest.mark.timeout(300)
-EXAMPLES = 114  # 3 per operation and generation mode
-COVERAGE = 10  # Schemathesis's coverage cases per operation (of about 2,700 in all)
+EXAMPLES = 76  # 2 per operation and generation mode
+COVERAGE = 8  # Schemathesis's coverage cases per operation (of about 2,700 in all)
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +59,8 @@ def test_generated_requests_find_no_server_error_and_no_schema_violation(fake: S
     assert summary["failures"] == [] and summary["generation_errors"] == []
     assert summary["server_errors"] == 0
     # operations without inputs (`GET /health`) have fewer distinct cases
-    assert summary["requests_per_phase"]["coverage"] >= 150
-    assert summary["requests_per_phase"]["fuzzing"] >= 80
+    assert summary["requests_per_phase"]["coverage"] >= 120
+    assert summary["requests_per_phase"]["fuzzing"] >= 50
     assert set(summary["status"]) <= {"200", "400", "404", "405"}
 
 
