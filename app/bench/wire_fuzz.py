@@ -359,9 +359,8 @@ async def fuzz_worker(t: Target, mutations: int, seed: int = 0, honest_every: in
     start = time.monotonic()
     rng = random.Random(seed)
     report = Report()
-    # twice: the first fills the worker's prefix cache; after it, the worker sends cached
-    # KV for the prompt's full blocks, which llama.cpp computed in a batch of another size
-    # (bytes may differ from the cold run's: `kv_cold_equals_cached`)
+    # twice: the first fills the worker's prefix cache, and the KV sent from the cache may
+    # differ in its bytes from the cold run's (`kv_cold_equals_cached`, docs/readme-fuzz.md)
     digests = []
     for first in ("honest (cold)", "honest (reference)"):
         digest, problem = await honest_session(t)
