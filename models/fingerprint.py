@@ -45,14 +45,15 @@ class ModelFingerprint:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelFingerprint:
-        """Inverse of `to_dict`. Raises ValueError for missing fields or wrong types."""
+        """Inverse of `to_dict`. Raises ValueError for missing fields, wrong types or
+        infinite numbers."""
         try:
             kv = d["n_kv_heads"]
             fp = cls(str(d["architecture"]), int(d["n_layers"]),
                      tuple(int(x) for x in kv) if isinstance(kv, list | tuple) else int(kv),
                      int(d["head_dim"]), float(d["rope_base"]), str(d["rope_scaling"]),
                      str(d["vocab_hash"]), str(d["weights_digest"]))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:  # int(inf) overflows
             raise ValueError(f"malformed model fingerprint: {e!r}") from e
         return fp
 

@@ -100,7 +100,13 @@ async def _fail(writer: asyncio.StreamWriter, err: ProtocolError) -> None:
 
 
 def _compare(mine: ModelFingerprint, theirs: dict) -> ModelFingerprint:
-    peer = ModelFingerprint.from_dict(theirs)
+    """The peer's fingerprint, checked equal to `mine`. Raises ProtocolError: "header" when
+    it is malformed (a field missing, of a wrong type, infinite), "fingerprint" when a field
+    differs."""
+    try:
+        peer = ModelFingerprint.from_dict(theirs)
+    except ValueError as e:
+        raise ProtocolError("header", str(e)) from None
     differ = first_difference(mine, peer)
     if differ is not None:
         raise ProtocolError("fingerprint", f"models differ in {differ}: here "

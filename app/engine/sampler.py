@@ -107,7 +107,9 @@ def apply_penalties(
     """Biased and penalised copy of one logits row ``[V]``; the input is never modified.
 
     `logit_bias` {id: b} first adds b to each listed token's logit (OpenAI). Repetition penalty r (CTRL, Keskar et al. 2019, applied as llama.cpp does): for every
-    distinct token in prompt + output, a logit > 0 becomes logit / r, else logit * r.
+    distinct token in prompt + output, a logit > 0 becomes logit / r, else logit * r,
+    clipped to the dtype's finite range (r = 1e-300 makes the seen tokens' logits the
+    largest finite value, not inf).
     Presence p and frequency f (OpenAI): for each distinct output token seen c times,
     logit -= f * c + p. Returns `logits` itself (not a copy) when no penalty is active.
     Raises ValueError if a token id is outside ``[0, V)``.
@@ -130,7 +132,11 @@ def apply_penalties(
             # the original logit, so a repeated token is penalised once.
             v = out[seen]
             r = params.repetition_penalty
-            out[seen] = np.where(v > 0, v / r, v * r)
+            # clipped: a penalty near 0 (or huge) must not overflow a logit to inf, which
+            # would leave the row nothing to sample from
+            limit = np.finfo(out.dtype).max
+            with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+                out[seen] = np.clip(np.where(v > 0, v / r, v * r), -limit, limit)
     if (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0) and len(output_ids):
         ids, counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
         _check_ids(ids, vocab)

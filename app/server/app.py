@@ -23,6 +23,7 @@ from app.server.errors import install_error_handlers
 from app.server.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestLimitsMiddleware
 from app.server.metrics import ServerMetrics
 from app.server.model_pool import ModelLeases
+from app.server.openapi import install_openapi
 from app.server.routes_embeddings import router as embeddings_router
 from app.server.routes_messages import router as messages_router
 from app.server.routes_responses import router as responses_router
@@ -90,6 +91,14 @@ def create_app(
     if pool is not None:
         app.include_router(routes_pool.router)
         app.add_middleware(ModelLeases)  # innermost: a request's leases end with its reply
+
+    def served_names() -> list[str]:  # what a request's `model` may say, for /openapi.json
+        if pool is None:
+            return [name, *sorted(app.state.ctx.aliases)]
+        slots = pool.slots()
+        return [*(s.name for s in slots), *sorted(a for s in slots for a in s.aliases)]
+
+    install_openapi(app, served_names, guarded=bool(api_key))
     if api_key:  # added first: innermost, so CORS answers preflights without a key
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     origins = list(cors_origins)

@@ -34,6 +34,7 @@ from app.server.generation import (
 )
 from app.server.logprobs import chat_content
 from app.server.model_pool import model_context
+from app.server.openapi import STREAMED_SSE
 from app.server.responses import (
     Choice,
     envelope,
@@ -115,7 +116,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=STREAMED_SSE)
 async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Ctx) -> Response:
     model = ctx.resolve_model(body.model)
     ctx = await model_context(request, ctx, body.model)

@@ -38,6 +38,7 @@ from app.server.generation import (
 )
 from app.server.logprobs import LegacyLogprobs, merge_legacy
 from app.server.model_pool import model_context
+from app.server.openapi import STREAMED_SSE
 from app.server.prediction import prediction_ids
 from app.server.response_format import refuse_tool_fields, response_grammar
 from app.server.responses import (
@@ -100,7 +101,7 @@ class _Echo:
         return [self._engine.tokenizer.decode([t]) for t in self._ids]
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=STREAMED_SSE)
 async def completions(body: CompletionRequest, request: Request, ctx: Ctx) -> Response:
     model = ctx.resolve_model(body.model)
     ctx = await model_context(request, ctx, body.model)

@@ -44,6 +44,7 @@ from app.server.errors import bad_request
 from app.server.model_pool import keep_alive_seconds, model_context
 from app.server.ollama_models import resolve
 from app.server.ollama_schemas import parse_body
+from app.server.openapi import documented_body
 from app.server.schemas import _Body
 
 router = APIRouter()
@@ -209,7 +210,7 @@ def _ollama_tokens(embedder: Any, texts: list[str], limit: int, truncate: bool
     return out
 
 
-@router.post("/api/embed")
+@router.post("/api/embed", openapi_extra=documented_body(OllamaEmbedRequest))
 async def ollama_embed(request: Request, ctx: Ctx) -> dict[str, Any]:
     """Ollama's embed: `{"model", "embeddings": [[...]], "total_duration", "load_duration"
     (ns: getting the embedder, which the first request makes), "prompt_eval_count"}`. The

@@ -60,6 +60,7 @@ from app.server.context import Ctx, ServerContext
 from app.server.errors import ANTHROPIC_PREFIX, APIError, bad_request
 from app.server.generation import ChoiceState, Job, submit_jobs
 from app.server.model_pool import model_context
+from app.server.openapi import STREAMED_SSE, documented_body
 from app.server.responses import respond
 from app.server.schemas import SamplingFields
 from app.server.schemas_messages import (
@@ -311,7 +312,7 @@ async def prompt_ids(ctx: ServerContext, chat: ChatInput) -> list[int]:
     return await asyncio.to_thread(render_prompt, ctx.engine, messages, template_tools)
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post("/v1/messages/count_tokens", openapi_extra=documented_body(CountTokensRequest))
 async def count_tokens(request: Request, ctx: Ctx, body: JSONObject) -> JSONResponse:
     req = parse(CountTokensRequest, body)
     ctx.resolve_model(req.model)
@@ -320,7 +321,8 @@ async def count_tokens(request: Request, ctx: Ctx, body: JSONObject) -> JSONResp
     return JSONResponse({"input_tokens": len(ids)})
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", responses=STREAMED_SSE,
+             openapi_extra=documented_body(MessagesRequest))
 async def messages(request: Request, ctx: Ctx, body: JSONObject) -> Response:
     req: MessagesRequest = parse(MessagesRequest, body)
     model = ctx.resolve_model(req.model)

@@ -8,6 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from app.server.context import Ctx, ServerContext
+from app.server.openapi import PLAIN_TEXT
 from app.server.store_models import file_mtime, file_size
 
 router = APIRouter()  # under the API key
@@ -61,7 +62,7 @@ async def health(ctx: Ctx) -> dict[str, Any]:
     return {"status": "ok", "model": ctx.model_name}
 
 
-@public.get("/metrics")
+@public.get("/metrics", responses=PLAIN_TEXT)
 async def metrics(ctx: Ctx) -> Response:
     """Prometheus text exposition (see `app.server.metrics`)."""
     assert ctx.metrics is not None

@@ -67,6 +67,7 @@ from app.server.ollama_schemas import (
     response_format,
     sampling_options,
 )
+from app.server.openapi import PLAIN_TEXT, STREAMED_NDJSON, documented_body
 from app.server.response_format import response_grammar
 from app.server.responses import respond
 from app.server.schemas import SamplingFields
@@ -86,8 +87,8 @@ FOREVER = ollama_pool.FOREVER
 DONE_REASONS = {"tool_calls": "stop"}
 
 
-@router.get("/")
-@router.head("/")
+# one route for both methods, so a 405 on `/` lists both in `Allow`
+@router.api_route("/", methods=["GET", "HEAD"], responses=PLAIN_TEXT)
 async def root() -> Response:
     """`Ollama is running`, as Ollama answers its liveness probe."""
     return PlainTextResponse("Ollama is running")
@@ -128,7 +129,7 @@ async def ps_entry(state: Any, ctx: ServerContext, expires_at: str) -> dict[str,
             "context_length": ctx.context_length}
 
 
-@router.post("/api/show")
+@router.post("/api/show", openapi_extra=documented_body(OllamaShowRequest))
 async def show(request: Request, ctx: Ctx) -> dict[str, Any]:
     body = await parse_body(request, OllamaShowRequest)
     resolve(ctx, body.model or body.name)
@@ -151,7 +152,8 @@ def _load_reply(model: str, chat: bool) -> dict[str, Any]:
     return {**body, "done": True, "done_reason": "load"}
 
 
-@router.post("/api/chat")
+@router.post("/api/chat", responses=STREAMED_NDJSON,
+             openapi_extra=documented_body(OllamaChatRequest))
 async def chat(request: Request, ctx: Ctx) -> Response:
     start = time.perf_counter()
     body = await parse_body(request, OllamaChatRequest)
@@ -172,7 +174,8 @@ async def chat(request: Request, ctx: Ctx) -> Response:
     return await _answer(request, ctx, jobs, model, start, body.stream, chat=True)
 
 
-@router.post("/api/generate")
+@router.post("/api/generate", responses=STREAMED_NDJSON,
+             openapi_extra=documented_body(OllamaGenerateRequest))
 async def generate(request: Request, ctx: Ctx) -> Response:
     """`prompt` through the chat template as a user turn (after `system`), or as given with
     `raw`; with `suffix`, a fill-in-the-middle prompt (`app.server.fim`; `raw` changes

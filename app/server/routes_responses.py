@@ -38,6 +38,7 @@ from app.server.context import Ctx, ServerContext
 from app.server.errors import APIError
 from app.server.generation import ChoiceState, submit_jobs
 from app.server.model_pool import model_context
+from app.server.openapi import STREAMED_SSE
 from app.server.responses import respond
 from app.server.responses_input import (
     ResponsesRequest,
@@ -59,7 +60,7 @@ router = APIRouter()
 Event = dict[str, Any]
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", responses=STREAMED_SSE)
 async def create_response(body: ResponsesRequest, request: Request, ctx: Ctx) -> Response:
     model = ctx.resolve_model(body.model)
     ctx = await model_context(request, ctx, body.model)

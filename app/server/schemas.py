@@ -26,7 +26,7 @@ import logging
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 log = logging.getLogger("tandem.server")
@@ -70,7 +70,7 @@ class _Body(BaseModel):
     (clients send fields of newer API versions), and each (body, field) pair is logged
     once at warning level, so a misspelled field (`stop_sequence`) does not pass unseen."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -158,7 +158,8 @@ class SamplingFields(_Body):
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
     max_tokens: TokenCount | None = None
-    logit_bias: dict[int, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]] | None = None
+    # JSON object keys are strings: the token ids are parsed from them (strict elsewhere)
+    logit_bias: dict[Annotated[int, Strict(False)], Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None

@@ -29,7 +29,7 @@ class _Part(BaseModel):
     """A nested object: the body's own `_Body` check already refused lone surrogates at any
     depth (a `mode="before"` validator cannot sit on a discriminator field)."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
 
 class TextBlock(_Part):

@@ -191,6 +191,20 @@ def test_sample_uses_penalised_logits():
     assert out.token_ids.tolist() == [1]  # 3 / 2 = 1.5 < 2.0
 
 
+@pytest.mark.parametrize("penalty", [5e-324, 1e-300, 1e300])
+def test_an_extreme_repetition_penalty_keeps_logits_finite(penalty):
+    """Found by the API fuzzer: `repetition_penalty: 5e-324` overflowed a seen token's
+    logit to inf, the sampler raised and the engine stopped for every request."""
+    big = float(np.finfo(np.float32).max)
+    logits = np.array([[3.0, -2.0, 1.0, 0.5]], dtype=np.float32)
+    p = SamplingParams(temperature=1.0, repetition_penalty=penalty, seed=0)
+    row = apply_penalties(logits[0], p, [0, 1], [])
+    expected = [big, -0.0, 1.0, 0.5] if penalty < 1 else [0.0, -big, 1.0, 0.5]
+    assert row.tolist() == expected
+    out = sample(logits, [p], [[0, 1]], [[]], [make_rng(0)])
+    assert out.token_ids.tolist() == ([0] if penalty < 1 else [2])  # the mass is on it
+
+
 def _log_softmax(xs: list[float]) -> list[float]:
     lse = math.log(sum(math.exp(x) for x in xs))
     return [x - lse for x in xs]
