@@ -69,7 +69,7 @@ def create_app(
     one whose next chunk takes over `body_timeout_s` seconds a 408.
     """
     name = model_name or str(engine.model_name)
-    metrics = ServerMetrics(engine)
+    metrics = ServerMetrics(engine, models=lambda: [(name, engine)])
     app = FastAPI(title="tandem", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.ctx = ServerContext(
         engine=engine, model_name=name, aliases=frozenset(aliases), metrics=metrics,
