@@ -73,7 +73,8 @@ def create_app(
     `model_pool.ModelPool` whose default model `engine` is, to serve the model store.
     """
     name = model_name or str(engine.model_name)
-    metrics = ServerMetrics(engine)
+    metrics = ServerMetrics(
+        engine, models=(lambda: [(name, engine)]) if pool is None else pool.loaded)
     app = FastAPI(title="tandem", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.ctx = ServerContext(
         engine=engine, model_name=name, aliases=frozenset(aliases), metrics=metrics,

@@ -54,7 +54,9 @@ class ChatInput:
     `max_tokens` None: until EOS or the context's end; larger than the room left: capped.
     `response_format`: OpenAI's shape (`{"type": "json_object"}` or `{"type":
     "json_schema", "json_schema": {"name", "schema"}}`) or None. `param` names the field
-    a prompt error points at.
+    a prompt error points at. `num_ctx`: the context this request's sequence may hold, at
+    most the served one (`app.server.generation.request_context`; None: the served
+    context); `num_ctx_param` names the field that set it, for the prompt error.
     """
 
     messages: list[dict[str, Any]]
@@ -67,6 +69,8 @@ class ChatInput:
     n: int = 1
     logprobs: int | None = None
     param: str = "messages"
+    num_ctx: int | None = None
+    num_ctx_param: str = "num_ctx"
 
 
 @dataclass
@@ -119,7 +123,9 @@ async def prepare_chat_jobs(ctx: ServerContext, chat: ChatInput) -> list[Job]:
                           code="invalid_value")
     messages, template_tools = prompt_messages(chat.messages, tools)
     prompt_ids = render_prompt(ctx.engine, messages, template_tools, chat.param)
-    check_prompt(prompt_ids, ctx.context_length, n_vocab(ctx.engine), chat.param)
+    limit = ctx.context_length if chat.num_ctx is None else min(chat.num_ctx, ctx.context_length)
+    check_prompt(prompt_ids, limit, n_vocab(ctx.engine), chat.param,
+                 chat.num_ctx_param if limit < ctx.context_length else None)
     prediction = prediction_ids(ctx.engine, chat.sampling.prediction, ctx.context_length)
     grammar = await response_grammar(ctx.engine, chat.response_format)
     if tools.choice.mode != "none":
@@ -129,7 +135,7 @@ async def prepare_chat_jobs(ctx: ServerContext, chat: ChatInput) -> list[Job]:
         Job(index=i, prompt_index=0, prompt_ids=prompt_ids,
             params=sampling_params(
                 chat.sampling, max_tokens=chat.max_tokens, prompt_len=len(prompt_ids),
-                context_length=ctx.context_length, seed=choice_seed(chat.sampling.seed, i),
+                context_length=limit, seed=choice_seed(chat.sampling.seed, i),
                 logprobs=chat.logprobs, prediction=prediction, defaults=ctx.defaults,
                 vocab=n_vocab(ctx.engine), grammar=grammar),
             tool_parser=parser)

@@ -144,12 +144,23 @@ def checked_name(value: Any, where: str) -> str:
     return value
 
 
-def context_length_exceeded(prompt_tokens: int, context_length: int, param: str) -> APIError:
-    """400 with code `context_length_exceeded`, worded like OpenAI's."""
+def context_length_exceeded(prompt_tokens: int, context_length: int, param: str,
+                            limit: str | None = None) -> APIError:
+    """400 with code `context_length_exceeded`, worded like OpenAI's. `limit`: the request
+    field that set `context_length` below the served context (e.g. "num_ctx"), named in the
+    message; None: `context_length` is the served context."""
+    if limit is None:
+        return bad_request(
+            f"This model's maximum context length is {context_length} tokens. However, your "
+            f"{param} resulted in {prompt_tokens} tokens (at most {context_length - 1} leave "
+            f"room for a reply). Please reduce the length of the {param}.",
+            param=param,
+            code="context_length_exceeded",
+        )
     return bad_request(
-        f"This model's maximum context length is {context_length} tokens. However, your "
-        f"{param} resulted in {prompt_tokens} tokens (at most {context_length - 1} leave room "
-        f"for a reply). Please reduce the length of the {param}.",
+        f"This request's context ({limit}) is {context_length} tokens. However, your {param} "
+        f"resulted in {prompt_tokens} tokens (at most {context_length - 1} leave room for a "
+        f"reply). Please reduce the length of the {param} or raise {limit}.",
         param=param,
         code="context_length_exceeded",
     )

@@ -159,18 +159,40 @@ def usage(states: list[ChoiceState]) -> dict[str, Any]:
     }
 
 
-def check_prompt(prompt_ids: list[int], context_length: int, n_vocab: int, param: str) -> None:
-    """Raise 400 for an empty prompt, out-of-vocabulary ids, or one that fills the context."""
+def check_prompt(prompt_ids: list[int], context_length: int, n_vocab: int, param: str,
+                 limit: str | None = None) -> None:
+    """Raise 400 for an empty prompt, out-of-vocabulary ids, or one that fills the context
+    (`context_length` tokens; `limit` names the request field that set it, if one did)."""
     if not prompt_ids:
         raise bad_request(f"The {param} must not be empty.", param=param)
     if len(prompt_ids) >= context_length:
-        raise context_length_exceeded(len(prompt_ids), context_length, param)
+        raise context_length_exceeded(len(prompt_ids), context_length, param, limit)
     if n_vocab > 0:
         bad = next((t for t in prompt_ids if not 0 <= t < n_vocab), None)
         if bad is not None:
             raise bad_request(
                 f"Token id {bad} is out of the vocabulary [0, {n_vocab}).", param=param
             )
+
+
+def request_context(num_ctx: int | None, served: int, param: str = "num_ctx") -> int:
+    """The context, in tokens, one request's sequence may hold: its `num_ctx` (a tandem
+    extension on the OpenAI routes), or the served context when it sends none.
+
+    The prompt plus the reply never exceed it: a prompt that fills it is a 400 (see
+    `check_prompt`), and the reply stops with finish reason "length" when prompt + reply
+    reach it. Raises APIError 400 when `num_ctx` is larger than `served`: the model is never
+    reloaded for one request. (Ollama's `options.num_ctx` is capped instead, as Ollama caps
+    it: `app.server.ollama_schemas.ollama_context`.)"""
+    if num_ctx is None:
+        return served
+    if num_ctx > served:
+        raise bad_request(
+            f"'{param}' is {num_ctx} tokens, larger than the context this server loaded "
+            f"({served} tokens, `--ctx-size`); tandem does not reload a model for one "
+            f"request. Send at most {served} or leave '{param}' out.", param=param,
+            code="invalid_value")
+    return num_ctx
 
 
 def _or(value: T | None, default: T) -> T:
@@ -207,8 +229,9 @@ def sampling_params(
 ) -> SamplingParams:
     """Engine `SamplingParams` for one choice.
 
-    `max_tokens` is capped to the room left in the context (`None` = until EOS, a stop
-    string or the context limit). Each of temperature, top_p, top_k, min_p and
+    `max_tokens` is capped to the room left in `context_length` (`None` = until EOS, a stop
+    string or that limit, which may be a request's own context below the engine's, see
+    `request_context`). Each of temperature, top_p, top_k, min_p and
     repetition_penalty the request leaves out (or sends as null) comes from `defaults`, the
     served model's recommended settings (as vLLM takes a model's generation_config); without
     them OpenAI's defaults apply: temperature 1, top_p 1, no top-k/min-p/repetition penalty.
@@ -219,8 +242,7 @@ def sampling_params(
     own matcher). Raises APIError 400 when the engine rejects a value.
     """
     room = context_length - prompt_len
-    if max_tokens is not None:
-        max_tokens = max(1, min(max_tokens, room))
+    max_tokens = max(1, room if max_tokens is None else min(max_tokens, room))
     base = defaults or OPENAI_DEFAULTS
     bias = logit_bias(req, vocab)
     try:

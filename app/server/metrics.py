@@ -12,16 +12,19 @@ Two sources:
   drafts and their acceptance (`app.server.constrain_metrics`);
 - a speculative-decoding collector reading the engine's speculator stats at scrape time
   (`tandem_spec_*`, see `app.server.spec_metrics`);
+- a router collector: per served model, under vLLM's names (`vllm:num_requests_running`,
+  `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, ...) and `tandem_kv_cache_usage_ratio`,
+  what load-balancing routers read (`app.server.router_metrics`);
 - two-box mode, per finished sequence with a prefill peer configured: where its prompt was
   prefilled and why, remote prefills that fell back by reason, KV bytes and tokens
   received (`tandem_prefill_route`, `tandem_remote_prefill_*`).
 
-Names are `tandem_*`, units in the name (`_seconds`, `_tokens`), as Prometheus advises.
+Names are `tandem_*` (the router collector's `vllm:*` aside), units in the name (`_seconds`, `_tokens`), as Prometheus advises.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -31,6 +34,7 @@ from prometheus_client.registry import Collector
 
 from app.engine.types import RequestMetrics
 from app.server.constrain_metrics import ConstrainCollector
+from app.server.router_metrics import RouterCollector
 from app.server.spec_metrics import SpecCollector
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -109,9 +113,14 @@ class ServerMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: Any,
+                 models: Callable[[], Iterable[tuple[str, Any]]] | None = None):
+        """`models()`: (model name, engine) of every model served, read at each scrape
+        (default: `engine` under its `model_name`)."""
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine))
+        self.registry.register(RouterCollector(
+            models or (lambda: [(str(getattr(engine, "model_name", "")), engine)])))
         self.registry.register(SpecCollector(engine))
         self.registry.register(ConstrainCollector(engine))
         self.http_responses = Counter(

@@ -228,6 +228,11 @@ class ModelPool:
                            f"{listed}{extra}.", param="model", code="model_not_found")
         return slot
 
+    def loaded(self) -> list[tuple[str, Any]]:
+        """(name, engine) of every loaded model, the default first; the store not rescanned
+        (cheap enough for every `/metrics` scrape)."""
+        return [(s.name, s.engine) for s in list(self._order) if s.engine is not None]
+
     def slots(self) -> list[Slot]:
         """Every model (the store rescanned), the default first."""
         self.refresh()

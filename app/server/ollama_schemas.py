@@ -8,9 +8,13 @@ JSON binding does. Every refusal is a 400 `{"error": message}` (`app.server.erro
 - applied: `num_predict` (-1 and -2: until EOS or the context's end; other values below 1
   are refused), `temperature`, `top_p`, `top_k`, `min_p`, `seed` (negative: random),
   `stop`, `repeat_penalty`, `presence_penalty`, `frequency_penalty`;
-- `num_ctx`: accepted, never applied: the context is fixed when tandem starts
-  (`--ctx-size`), and `/api/show` reports it; a request's prompt and reply must fit the
-  served context whatever `num_ctx` says (Ollama would reload the model);
+- `num_ctx`: the context this request's sequence may hold (`ollama_context`): below the
+  served context (`--ctx-size`, what `/api/show` reports) it is honoured per sequence
+  without touching the model (a prompt that fills it is a 400, the reply stops with
+  `done_reason: "length"` when prompt + reply reach it); above, it is capped at the served
+  context, as Ollama caps it at the model's trained context (`llm/server.go`), and the
+  model is never reloaded (Ollama reloads for every new `num_ctx`; aider sends one per
+  request); below 4 it is 4, Ollama's floor (`sched.go`);
 - accepted and ignored because they only tune hardware or Ollama's runner:
   `HARDWARE_OPTIONS` (tandem picks threads, batch and memory itself; `num_keep` matters only
   to Ollama's context shift, which tandem does not do; `draft_num_predict`: tandem sizes its
@@ -192,10 +196,24 @@ def sampling_options(options: dict[str, Any] | None) -> tuple[SamplingFields, in
         temperature=opts.get("temperature"), top_p=opts.get("top_p"),
         top_k=opts.get("top_k"), min_p=opts.get("min_p"),
         seed=seed if seed is None or seed >= 0 else None, stop=opts.get("stop"),
+        num_ctx=opts.get("num_ctx"),
         repetition_penalty=opts.get("repeat_penalty"),
         presence_penalty=opts.get("presence_penalty"),
         frequency_penalty=opts.get("frequency_penalty"))
     return fields, (limit if limit is not None and limit > 0 else None)
+
+
+MIN_NUM_CTX = 4  # Ollama's floor (server/sched.go: `if opts.NumCtx < 4`)
+
+
+def ollama_context(num_ctx: int | None, served: int) -> int | None:
+    """The context one Ollama request's sequence may hold: `options.num_ctx` floored at 4
+    and capped at the `served` context (see the module docstring); None when the request
+    sends none or asks for the served context or more (the served context applies)."""
+    if num_ctx is None:
+        return None
+    limit = max(MIN_NUM_CTX, num_ctx)
+    return limit if limit < served else None
 
 
 def response_format(value: Any) -> Any:

@@ -29,6 +29,7 @@ from app.server.errors import bad_request
 from app.server.generation import (
     ChoiceState,
     Job,
+    request_context,
     submit_jobs,
     usage,
 )
@@ -130,7 +131,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
         max_tokens=body.max_completion_tokens or body.max_tokens, tools=tools,
         tool_choice=parse_tool_choice(body.tool_choice, tools),
         parallel_tool_calls=parse_parallel(body.parallel_tool_calls),
-        response_format=body.response_format, n=body.n or 1, logprobs=top))
+        response_format=body.response_format, n=body.n or 1, logprobs=top,
+        num_ctx=request_context(body.num_ctx, ctx.context_length)))
     head = response_head(ctx, "chatcmpl", model)
     streams = submit_jobs(ctx.engine, jobs, head["id"], "messages")
     events = _chunks(ctx, streams, jobs, head, body.include_usage, top) if body.stream else None

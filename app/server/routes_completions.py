@@ -32,6 +32,7 @@ from app.server.generation import (
     check_prompt,
     choice_seed,
     n_vocab,
+    request_context,
     sampling_params,
     submit_jobs,
     usage,
@@ -111,8 +112,10 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx) -> Re
         raise bad_request("best_of is not supported (use n).", "best_of")
     prompts = (fim_prompts(ctx.engine, body.prompt, body.suffix) if body.suffix
                else parse_prompts(ctx.engine, body.prompt))
+    limit = request_context(body.num_ctx, ctx.context_length)
     for p in prompts:
-        check_prompt(p.ids, ctx.context_length, n_vocab(ctx.engine), "prompt")
+        check_prompt(p.ids, limit, n_vocab(ctx.engine), "prompt",
+                     "num_ctx" if limit < ctx.context_length else None)
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     prediction = prediction_ids(ctx.engine, body.prediction, ctx.context_length)
     grammar = await response_grammar(ctx.engine, body.response_format)
@@ -124,7 +127,7 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx) -> Re
                 body,
                 max_tokens=max_tokens,
                 prompt_len=len(p.ids),
-                context_length=ctx.context_length,
+                context_length=limit,
                 seed=choice_seed(body.seed, index),
                 logprobs=body.logprobs,
                 prediction=prediction,

@@ -62,6 +62,7 @@ from app.server.ollama_schemas import (
     OllamaMessage,
     OllamaShowRequest,
     check_common,
+    ollama_context,
     parse_body,
     refuse_images,
     response_format,
@@ -170,7 +171,8 @@ async def chat(request: Request, ctx: Ctx) -> Response:
     sampling, limit = sampling_options(body.options)
     jobs = await prepare_chat_jobs(ctx, ChatInput(
         messages=messages, sampling=sampling, max_tokens=limit, tools=tools,
-        response_format=fmt))
+        response_format=fmt, num_ctx=ollama_context(sampling.num_ctx, ctx.context_length),
+        num_ctx_param="options.num_ctx"))
     return await _answer(request, ctx, jobs, model, start, body.stream, chat=True)
 
 
@@ -219,17 +221,22 @@ async def generate(request: Request, ctx: Ctx) -> Response:
         messages.append({"role": "user", "content": prompt})
         jobs = await prepare_chat_jobs(ctx, ChatInput(
             messages=messages, sampling=sampling, max_tokens=limit, response_format=fmt,
-            param="prompt"))
+            param="prompt", num_ctx=ollama_context(sampling.num_ctx, ctx.context_length),
+            num_ctx_param="options.num_ctx"))
     return await _answer(request, ctx, jobs, model, start, body.stream, chat=False)
 
 
 async def _text_jobs(ctx: ServerContext, ids: list[int], sampling: SamplingFields,
                      limit: int | None, fmt: Any, param: str) -> list[Job]:
-    """The one job of a prompt given as token ids (raw or fill-in-the-middle)."""
-    check_prompt(ids, ctx.context_length, n_vocab(ctx.engine), param)
+    """The one job of a prompt given as token ids (raw or fill-in-the-middle), within the
+    request's `options.num_ctx` (`ollama_context`)."""
+    num_ctx = ollama_context(sampling.num_ctx, ctx.context_length)
+    window = ctx.context_length if num_ctx is None else num_ctx
+    check_prompt(ids, window, n_vocab(ctx.engine), param,
+                 None if num_ctx is None else "options.num_ctx")
     grammar = await response_grammar(ctx.engine, fmt)
     return [Job(index=0, prompt_index=0, prompt_ids=ids, params=sampling_params(
-        sampling, max_tokens=limit, prompt_len=len(ids), context_length=ctx.context_length,
+        sampling, max_tokens=limit, prompt_len=len(ids), context_length=window,
         seed=choice_seed(sampling.seed, 0), logprobs=None, defaults=ctx.defaults,
         vocab=n_vocab(ctx.engine), grammar=grammar))]
 

@@ -6,7 +6,8 @@ follow OpenAI's documented limits where a local server has no reason to differ; 
 400 `invalid_request_error` responses (see `app.server.errors`).
 
 Extensions beyond OpenAI, as llama-server and vLLM accept them: `top_k`, `min_p`,
-`repetition_penalty`, `ignore_eos`. tandem's own: `speculative` (see `SamplingFields`).
+`repetition_penalty`, `ignore_eos`. tandem's own: `speculative` and `num_ctx` (see
+`SamplingFields`).
 
 What a client's mistake gets (each a 400 `invalid_request_error` naming the field):
 - text that is not well-formed Unicode: a JSON `\\ud800`-style escape of half a UTF-16
@@ -136,6 +137,12 @@ class SamplingFields(_Body):
     out of speculative decoding (no drafts, neither from `prediction` nor n-gram lookup),
     e.g. to measure plain decoding. The reply is the same either way.
 
+    `num_ctx` (tandem extension, Ollama's name; null = the served context): the most tokens
+    this request's sequence holds, prompt and reply together. A prompt that fills it is a
+    400 `context_length_exceeded`; the reply ends with `finish_reason: "length"` when
+    prompt + reply reach it. Larger than the served context (`--ctx-size`): 400, the model
+    is not reloaded (`app.server.generation.request_context`).
+
     `logit_bias` is OpenAI's: {token id (a JSON object key): bias in [-100, 100]}, added to
     the token's logit before sampling, for this request only; ids outside the vocabulary
     are a 400 (checked by `app.server.generation.sampling_params`).
@@ -166,6 +173,7 @@ class SamplingFields(_Body):
     ignore_eos: bool | None = None
     prediction: Any = None  # checked by app.server.prediction, for OpenAI's error wording
     speculative: bool | None = None
+    num_ctx: TokenCount | None = None
     response_format: Any = None  # checked by app.server.response_format
     # tool calling: checked by app.server.tools (chat) or refused (completions)
     tools: Any = None
