@@ -92,7 +92,9 @@ class PredictionProposer:
     A cursor follows where in the prediction the output has got to. While the output keeps
     agreeing with the prediction the next drafts are the prediction's next tokens; after an
     edit, the output's last n-gram (longest first, the occurrence nearest after the cursor)
-    finds the place to continue from.
+    finds the place to continue from. When it has no drafts, `spec_state["prediction_miss"]`
+    says why: "exhausted" (the cursor is at the prediction's end) or "lost" (no n-gram of the
+    output is in the prediction).
     """
 
     name = "prediction"
@@ -116,9 +118,11 @@ class PredictionProposer:
         elif not aligned:
             found = index.find(output, state["cursor"])
             if found is None:
+                state["prediction_miss"] = "lost"
                 return []
             cursor = found
         state["cursor"], state["cursor_out"] = cursor, len(output)
+        state["prediction_miss"] = "exhausted" if cursor >= len(prediction) else None
         return prediction[cursor:cursor + k]
 
     def kind(self, request: Request) -> str:
