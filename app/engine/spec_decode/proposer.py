@@ -111,19 +111,23 @@ class PredictionProposer:
         output = request.output_ids
         advanced = len(output) - state["cursor_out"]
         cursor = state["cursor"] + advanced
-        aligned = (0 < cursor <= len(prediction)
-                   and output[state["cursor_out"]:] == prediction[state["cursor"]:cursor])
+        within = prediction[state["cursor"]:cursor]
+        agreed = output[state["cursor_out"]:state["cursor_out"] + len(within)] == within
+        aligned = 0 < cursor <= len(prediction) and agreed
         if not output:
             cursor = 0
         elif not aligned:
             found = index.find(output, state["cursor"])
             if found is None:
-                state["prediction_miss"] = "lost"
+                # the output went on past the prediction's end, or left it
+                past_end = cursor > len(prediction) and agreed
+                state["prediction_miss"] = "exhausted" if past_end else "lost"
                 return []
             cursor = found
         state["cursor"], state["cursor_out"] = cursor, len(output)
-        state["prediction_miss"] = "exhausted" if cursor >= len(prediction) else None
-        return prediction[cursor:cursor + k]
+        drafts = prediction[cursor:cursor + k]
+        state["prediction_miss"] = None if drafts else "exhausted"
+        return drafts
 
     def kind(self, request: Request) -> str:
         return "prediction"
