@@ -56,3 +56,22 @@ def test_estimates_persist_and_start_a_new_engine(monkeypatch):
     assert saved == [{1: {1: (0.012, 2)}}]
     again = OnlineStepTimes(BASE, {1: {1: (0.012, 4)}})
     assert again.curve(1)(1) == 0.012
+
+
+def test_the_engine_observes_its_decode_and_verify_steps():
+    from app.engine.config import SpecConfig
+    from app.engine.spec_decode.speculator import Speculator
+    from tests.unit.helpers import greedy, make, run_all
+
+    _, eng = make(budget=64)
+    online = OnlineStepTimes({1: 1.0, 64: 1.01})  # flat: n-gram drafts everywhere they can
+    eng.speculator = Speculator(SpecConfig(mode="auto"), None, eng.context_length,
+                                online=online)
+    eng.add_request("a", [10, 20, 30, 40], greedy(6))  # nothing to look up: 5 lone decodes
+    eng.add_request("b", [1, 2, 3, 1, 2], greedy(3))  # answers 3: (2, 3) -> drafts 1
+    run_all(eng)
+    # the prefill step (9 tokens, 2 logits rows) is no point of the curve; then two steps of
+    # both sequences: a's decode with b's verification of 1 + 1 draft (b's cap: one token
+    # before its last), then a's and b's plain decodes (b at its limit); then a alone, 3 times
+    assert {b: {n: c for n, (_, c) in pts.items()} for b, pts in online.snapshot().items()} == {
+        1: {1: 3}, 2: {2: 1, 3: 1}}
