@@ -16,7 +16,7 @@ from app.engine.engine import LLMEngine
 from app.engine.residency import MirroredResidency
 from app.engine.spec_decode.draft_model import DraftModelProposer, check_same_vocabulary
 from app.engine.spec_decode.speculator import Speculator
-from app.spec_profile import step_time_curve
+from app.spec_profile import load_profile, step_time_curve
 from backends.base import Runner
 from backends.loader import load_runner
 from models.store import resolve_model
@@ -91,7 +91,8 @@ def _build(args: EngineArgs, runner: Runner, path: Path, backend_name: str,
         return LLMEngine(runner, engine_config)
     context = min(engine_config.context_length, runner.info.n_ctx_train, runner.max_seq_tokens)
     adaptive = args.spec.fixed_k is None
-    curve = step_time_curve(runner, path, backend_name)[0] if adaptive else None
+    # the target's curve, refined from its steps as they run (and saved to the profile)
+    online = load_profile(runner, path, backend_name).online_times() if adaptive else None
     residency = draft = draft_curve = None
     if args.draft_model and args.spec.mode != "ngram":
         draft_runner, draft_path = load_draft(args, runner, backend_name, pull_missing)
@@ -100,8 +101,8 @@ def _build(args: EngineArgs, runner: Runner, path: Path, backend_name: str,
         draft = DraftModelProposer(draft_runner, residency)
         if adaptive:
             draft_curve = step_time_curve(draft_runner, draft_path, backend_name)[0]
-    speculator = Speculator(args.spec, curve, context, runner.capabilities.equal_split,
-                            draft, draft_curve)
+    speculator = Speculator(args.spec, None, context, runner.capabilities.equal_split,
+                            draft, draft_curve, online)
     return LLMEngine(runner, engine_config, residency=residency, speculator=speculator)
 
 

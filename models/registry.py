@@ -53,13 +53,16 @@ Source = PyPIWheelSource | MultiPartSource | HFSource
 class GenerationDefaults:
     """Recommended sampling settings of a model, used by `run`, `chat` and `serve` for
     every value neither the request nor a flag sets. `top_k=0`, `top_p=1`, `min_p=0`,
-    `repetition_penalty=1` disable those. `source` says where the numbers come from."""
+    `repetition_penalty=1` disable those; the repetition penalty covers the last
+    `repeat_last_n` tokens (-1: all; 64 as llama.cpp and Ollama). `source` says where the
+    numbers come from."""
 
     temperature: float
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    repeat_last_n: int = 64
     source: str = ""
 
     def describe(self) -> str:

@@ -10,11 +10,18 @@ Markers (registered in pyproject.toml), applied here by directory and fixture:
   without a model;
 - `mlx`: tests of the MLX backend (tests/mlx; those that need mlx itself skip without it);
 - `slow`: long diagnostics, set on the test itself.
+
+The whole session runs against a temporary model store (`_temporary_store`): the user's model
+files are linked in, and everything the code caches beside them (step-time profiles, repack
+probes, fingerprints) starts empty and is thrown away, so no test reads a profile another
+machine or session measured, and none writes the user's.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,16 +33,68 @@ MODEL_FIXTURES = {
 }
 
 
+# TANDEM_HOME as the session found it ("": unset), i.e. where the user's store is
+_USER_HOME_KEY = "_TANDEM_TESTS_USER_HOME"
+
+
+def _link_models(user_store: Path, store: Path) -> None:
+    """Symlink every file at the top of `user_store` (models and their .sha256 sidecars;
+    not its cache directories) into `store`, where not linked yet."""
+    if not user_store.is_dir():
+        return
+    for f in user_store.iterdir():
+        if f.is_file() and not (store / f.name).exists():
+            (store / f.name).symlink_to(f.resolve())
+
+
+@contextmanager
+def _user_home() -> Iterator[None]:
+    """TANDEM_HOME as the session found it, inside the block."""
+    with pytest.MonkeyPatch.context() as mp:
+        home = os.environ.get(_USER_HOME_KEY, "")
+        if home:
+            mp.setenv("TANDEM_HOME", home)
+        else:
+            mp.delenv("TANDEM_HOME", raising=False)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """TANDEM_HOME for the whole session (and the servers it starts): a temporary directory
+    whose `models/` links the user's model files; profiles, probes and fingerprints are
+    measured there afresh. Yields that store."""
+    from models.store import store_dir
+
+    user_home = os.environ.get("TANDEM_HOME", "")
+    user_store = store_dir()
+    home = tmp_path_factory.mktemp("tandem-home")
+    store = home / "models"
+    store.mkdir()
+    _link_models(user_store, store)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(_USER_HOME_KEY, user_home)
+        mp.setenv("TANDEM_HOME", str(home))
+        yield store
+
+
 def store_model(name: str) -> Path:
-    """Path of registry model `name` in the model store, by the one policy above: skip when
-    it is missing, unless TANDEM_FETCH_TEST_MODELS=1 (then fetch it)."""
+    """Path of registry model `name` in the (temporary) model store, by the one policy
+    above: skip when it is missing, unless TANDEM_FETCH_TEST_MODELS=1 (then fetch it into
+    the user's store, where it stays, and link it in)."""
     from models.store import is_present, model_path, pull, store_dir
 
     if is_present(name):
         return model_path(name)
     if os.environ.get("TANDEM_FETCH_TEST_MODELS") == "1":
-        return pull(name)
-    pytest.skip(f"{name} is not in the model store ({store_dir()}): run "
+        with _user_home():
+            pull(name)
+            user_store = store_dir()
+        _link_models(user_store, store_dir())
+        return model_path(name)
+    with _user_home():
+        user_store = store_dir()
+    pytest.skip(f"{name} is not in the model store ({user_store}): run "
                 f"`tandem models pull {name}`, or set TANDEM_FETCH_TEST_MODELS=1")
 
 

@@ -189,6 +189,10 @@ def _summary(m, finish_reason: str | None) -> str:
     if m.num_draft_tokens:
         spec = (f" · drafts accepted {m.num_accepted_tokens}/{m.num_draft_tokens} "
                 f"({m.acceptance_rate:.0%}), {m.mean_accepted_length:.2f} per step")
+    if m.no_draft:  # steps that drafted nothing, and why (speculator.NO_DRAFT_REASONS)
+        why = ", ".join(f"{reason.replace('_', ' ')} {n}" for reason, n in
+                        sorted(m.no_draft.items(), key=lambda kv: (-kv[1], kv[0])))
+        spec += f" · steps without drafts {sum(m.no_draft.values())} ({why})"
     if m.num_forced_draft_tokens:  # of those drafts, the ones the grammar forced
         spec += (f" · forced tokens accepted {m.num_accepted_forced_tokens}/"
                  f"{m.num_forced_draft_tokens}")

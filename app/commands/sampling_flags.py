@@ -29,14 +29,28 @@ def float_in(low: float, high: float | None = None, low_open: bool = False) -> C
     return parse
 
 
+def int_at_least(low: int) -> Callable[[str], int]:
+    """argparse type: an integer >= `low`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+        return value
+
+    return parse
+
+
 MODEL_DEFAULT = "the model's recommended value, see `tandem models list`"
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int = DEFAULT_MAX_TOKENS,
                       temperature: float | None = None, top_p: float | None = None,
                       top_k: int | None = None, min_p: float | None = None) -> None:
-    """`--max-tokens --temperature --top-p --top-k --min-p --repetition-penalty --seed
-    --stop`. A sampling default of None (the default) means the model's recommended value
+    """`--max-tokens --temperature --top-p --top-k --min-p --repetition-penalty
+    --repeat-last-n --seed --stop`. A sampling default of None (the default) means the model's recommended value
     (`models.registry.generation_defaults`; resolve with `sampling_values`)."""
     def shown(value: object) -> object:
         return MODEL_DEFAULT if value is None else value
@@ -57,6 +71,9 @@ def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int = DEFAULT
     add("--repetition-penalty", type=float_in(0.0, low_open=True), default=None, metavar="R",
         help="divide the logits of tokens already in the prompt or reply by R (llama.cpp's "
         f"repeat penalty); 1 disables it (default: {MODEL_DEFAULT})")
+    add("--repeat-last-n", type=int_at_least(-1), default=None, metavar="N",
+        help="the repetition penalty looks back over the last N tokens of prompt and reply; "
+        f"-1: all of them, 0: none (default: {MODEL_DEFAULT}, 64)")
     add("--seed", type=int, default=None, metavar="N",
         help="random seed, for reproducible sampling (default: none, a fresh draw each run)")
     add("--stop", action="append", default=[], metavar="TEXT",
@@ -64,13 +81,15 @@ def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int = DEFAULT
 
 
 def sampling_values(args: argparse.Namespace) -> dict[str, float | int]:
-    """temperature, top_p, top_k, min_p and repetition_penalty for `SamplingParams`: each
+    """temperature, top_p, top_k, min_p, repetition_penalty and repeat_last_n for
+    `SamplingParams`: each
     flag given, else the recommended value of `args.model` (`models.registry`)."""
     from models.registry import generation_defaults
 
     d = generation_defaults(getattr(args, "model", None))
     values = {}
-    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                 "repeat_last_n"):
         flag = getattr(args, name, None)
         values[name] = getattr(d, name) if flag is None else flag
     return values

@@ -266,7 +266,12 @@ class LLMEngine:
         plan = self._build_batch(sched)
         masks = self._start_masks(plan)
         try:
+            t0 = time.perf_counter()
             logits = self.runner.execute(plan.items)
+            if self.speculator is not None and plan.num_rows == sched.total_tokens:
+                # a step whose every token has logits: a point of the step-time curve
+                self.speculator.observe_step(plan.num_rows, len(plan.items),
+                                             time.perf_counter() - t0)
         finally:
             if masks is not None:  # the worker must be done with the matchers either way
                 masks.result()
@@ -294,8 +299,11 @@ class LLMEngine:
         if (r.num_tokens - start != 1 or r.spec_token_ids or not r.plain_greedy
                 or not self.block_manager.allocate(r, start + 1)):
             return None
+        t0 = time.perf_counter()
         logits = self.runner.execute([BatchItem(r.slot, r.token_ids[start:], start,
                                                 r.block_table, [0])])
+        if self.speculator is not None:
+            self.speculator.observe_step(1, 1, time.perf_counter() - t0)
         token = int(logits[0].argmax())  # the lowest id on a tie, as `_sample`
         now = time.perf_counter()
         r.num_computed_tokens = start + 1
@@ -315,6 +323,8 @@ class LLMEngine:
             drafts = r.spec_token_ids
             if r.matcher is not None and drafts and drafts[0] != PENDING:
                 del drafts[r.matcher.valid_prefix(drafts):]
+                if not drafts:
+                    self.speculator.no_draft(r, "grammar")
 
     def _start_masks(self, plan: StepPlan) -> PendingMasks | None:
         """Start filling the masks of the step's constrained rows (row j of a request: its

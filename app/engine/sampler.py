@@ -4,8 +4,8 @@ Order of operations per row, as vLLM applies them:
 
 1. OpenAI's `logit_bias` added to the raw logits (as llama.cpp's first sampler does), then
    penalties — repetition (CTRL, Keskar et al. 2019, as llama.cpp applies
-   it: over prompt and output, a positive logit is divided by the penalty, a non-positive one
-   multiplied), then presence/frequency (OpenAI: ``logit -= freq * count + presence * (count
+   it: over the last `repeat_last_n` tokens of prompt + output, a positive logit is divided by
+   the penalty, a non-positive one multiplied), then presence/frequency (OpenAI: ``logit -= freq * count + presence * (count
    > 0)`` over output tokens);
 2. greedy rows (``temperature < 1e-5``, vLLM's threshold) take the argmax, ties to the lowest id;
 3. sampled rows: temperature, top-k, top-p (nucleus: Holtzman et al. 2020), min-p (Nguyen et
@@ -91,7 +91,7 @@ def has_penalties(params: SamplingParams) -> bool:
     """Whether `logit_bias` or any of repetition/presence/frequency penalty changes the
     logits (such a row leaves the all-greedy ``argmax`` fast path)."""
     return (
-        params.repetition_penalty != 1.0
+        (params.repetition_penalty != 1.0 and params.repeat_last_n != 0)
         or params.presence_penalty != 0.0
         or params.frequency_penalty != 0.0
         or bool(params.logit_bias)
@@ -106,10 +106,11 @@ def apply_penalties(
 ) -> np.ndarray:
     """Biased and penalised copy of one logits row ``[V]``; the input is never modified.
 
-    `logit_bias` {id: b} first adds b to each listed token's logit (OpenAI). Repetition penalty r (CTRL, Keskar et al. 2019, applied as llama.cpp does): for every
-    distinct token in prompt + output, a logit > 0 becomes logit / r, else logit * r,
-    clipped to the dtype's finite range (r = 1e-300 makes the seen tokens' logits the
-    largest finite value, not inf).
+    `logit_bias` {id: b} first adds b to each listed token's logit (OpenAI). Repetition
+    penalty r (CTRL, Keskar et al. 2019, applied as llama.cpp does): for every distinct
+    token among the last `repeat_last_n` of prompt + output (-1: all of them, 0: none), a
+    logit > 0 becomes logit / r, else logit * r, clipped to the dtype's finite range
+    (r = 1e-300 makes the seen tokens' logits the largest finite value, not inf).
     Presence p and frequency f (OpenAI): for each distinct output token seen c times,
     logit -= f * c + p. Returns `logits` itself (not a copy) when no penalty is active.
     Raises ValueError if a token id is outside ``[0, V)``.
@@ -122,10 +123,8 @@ def apply_penalties(
         ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64, count=len(params.logit_bias))
         _check_ids(ids, vocab)
         out[ids] += np.fromiter(params.logit_bias.values(), dtype=out.dtype, count=ids.size)
-    if params.repetition_penalty != 1.0:
-        seen = np.concatenate(
-            (np.asarray(prompt_ids, dtype=np.int64), np.asarray(output_ids, dtype=np.int64))
-        )
+    if params.repetition_penalty != 1.0 and params.repeat_last_n != 0:
+        seen = penalty_window(prompt_ids, output_ids, params.repeat_last_n)
         if seen.size:
             _check_ids(seen, vocab)
             # Duplicate indices are harmless: each write stores the same value, computed from
@@ -142,6 +141,18 @@ def apply_penalties(
         _check_ids(ids, vocab)
         out[ids] -= params.frequency_penalty * counts + params.presence_penalty
     return out
+
+
+def penalty_window(prompt_ids: list[int], output_ids: list[int], last_n: int) -> np.ndarray:
+    """The last `last_n` tokens of prompt + output (all of them for -1) as int64 ``[<= n]``:
+    what the repetition penalty covers (llama.cpp's `penalty_last_n`)."""
+    if last_n < 0:
+        return np.concatenate((np.asarray(prompt_ids, dtype=np.int64),
+                               np.asarray(output_ids, dtype=np.int64)))
+    out = output_ids[len(output_ids) - last_n:] if len(output_ids) > last_n else output_ids
+    rest = last_n - len(out)
+    head = prompt_ids[max(len(prompt_ids) - rest, 0):] if rest > 0 else []
+    return np.concatenate((np.asarray(head, dtype=np.int64), np.asarray(out, dtype=np.int64)))
 
 
 def sample(

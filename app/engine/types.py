@@ -39,8 +39,10 @@ class SamplingParams:
 
     `max_tokens=None` generates until EOS, a stop string or the context limit. `top_k=0`,
     `top_p=1.0`, `min_p=0.0` disable those filters; `temperature=0` is greedy. Penalties follow
-    OpenAI (presence/frequency, additive on logits) and llama.cpp/CTRL (repetition,
-    multiplicative, over prompt and output). `logprobs=None` returns none; `k>=0` returns the
+    OpenAI (presence/frequency, additive on logits, over the output) and llama.cpp/CTRL
+    (repetition, multiplicative, over the last `repeat_last_n` tokens of prompt + output: -1
+    all of them, 0 none; 64 by default, as llama.cpp and Ollama, so text copied from further
+    back, an edited file or a renamed identifier, is not punished). `logprobs=None` returns none; `k>=0` returns the
     chosen token's log-probability and the `k` most likely alternatives. `speculative=False`
     opts out of speculative decoding; `prediction` (token ids) is OpenAI's Predicted
     Outputs, the draft source for this request. Neither changes the output's distribution.
@@ -61,6 +63,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    repeat_last_n: int = 64
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -84,6 +87,9 @@ class SamplingParams:
             raise ValueError("min_p must be in [0, 1]")
         if self.repetition_penalty <= 0:
             raise ValueError("repetition_penalty must be > 0")
+        if self.repeat_last_n < -1:
+            raise ValueError("repeat_last_n must be -1 (the whole history), 0 (off) or a "
+                             "number of tokens")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError("logprobs must be >= 0")
         if self.logit_bias:
@@ -122,6 +128,8 @@ class RequestMetrics:
     rejected_prediction_tokens: int = 0  # draft tokens from `prediction`, computed and rejected
     num_forced_draft_tokens: int = 0  # of num_draft_tokens, forced by the request's grammar
     num_accepted_forced_tokens: int = 0  # of those, accepted
+    # decode steps that verified no draft, by reason (`speculator.NO_DRAFT_REASONS`)
+    no_draft: dict[str, int] = field(default_factory=dict)
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

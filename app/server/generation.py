@@ -231,8 +231,8 @@ def sampling_params(
 
     `max_tokens` is capped to the room left in `context_length` (`None` = until EOS, a stop
     string or that limit, which may be a request's own context below the engine's, see
-    `request_context`). Each of temperature, top_p, top_k, min_p and
-    repetition_penalty the request leaves out (or sends as null) comes from `defaults`, the
+    `request_context`). Each of temperature, top_p, top_k, min_p, repetition_penalty and
+    repeat_last_n the request leaves out (or sends as null) comes from `defaults`, the
     served model's recommended settings (as vLLM takes a model's generation_config); without
     them OpenAI's defaults apply: temperature 1, top_p 1, no top-k/min-p/repetition penalty.
     `prediction`: the predicted output's token ids (see `app.server.prediction`), shared by
@@ -255,6 +255,7 @@ def sampling_params(
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
             repetition_penalty=_or(req.repetition_penalty, base.repetition_penalty),
+            repeat_last_n=_or(req.repeat_last_n, base.repeat_last_n),
             logit_bias=bias,
             seed=seed,
             stop=req.stop_list(),

@@ -148,7 +148,7 @@ class ModelFacts:
         d = ctx.defaults or OPENAI_DEFAULTS
         params = [("num_ctx", ctx.context_length), ("temperature", d.temperature),
                   ("top_p", d.top_p), ("top_k", d.top_k), ("min_p", d.min_p),
-                  ("repeat_penalty", d.repetition_penalty)]
+                  ("repeat_penalty", d.repetition_penalty), ("repeat_last_n", d.repeat_last_n)]
         self.parameters = "\n".join(f"{k:<30} {v:g}" if isinstance(v, float)
                                     else f"{k:<30} {v}" for k, v in params)
         self.size = 0

@@ -7,7 +7,8 @@ JSON binding does. Every refusal is a 400 `{"error": message}` (`app.server.erro
 `options` (`Options` + `Runner` in Ollama):
 - applied: `num_predict` (-1 and -2: until EOS or the context's end; other values below 1
   are refused), `temperature`, `top_p`, `top_k`, `min_p`, `seed` (negative: random),
-  `stop`, `repeat_penalty`, `presence_penalty`, `frequency_penalty`;
+  `stop`, `repeat_penalty`, `repeat_last_n` (the tokens `repeat_penalty` looks back over:
+  -1 all, 0 none; default 64, as Ollama), `presence_penalty`, `frequency_penalty`;
 - `num_ctx`: the context this request's sequence may hold (`ollama_context`): below the
   served context (`--ctx-size`, what `/api/show` reports) it is honoured per sequence
   without touching the model (a prompt that fills it is a 400, the reply stops with
@@ -21,7 +22,8 @@ JSON binding does. Every refusal is a 400 `{"error": message}` (`app.server.erro
   drafts adaptively);
 - refused unless neutral, since tandem's sampler has no such step: `typical_p` (1),
   `mirostat` (0), `tfs_z` (1), and `repeat_last_n` other than -1 (the whole history)
-  while a penalty is on (tandem's penalties cover the whole prompt and reply);
+  while a presence or frequency penalty is on (tandem applies those over the whole reply,
+  as OpenAI does);
 - any other key is ignored and logged, as Ollama does (`Options.FromMap`).
 A value of the wrong type is refused with Ollama's wording (`option "top_k" must be of type
 integer`).
@@ -181,12 +183,15 @@ def sampling_options(options: dict[str, Any] | None) -> tuple[SamplingFields, in
         if key in opts and opts[key] != off:
             raise bad_request(f'option "{key}" is not supported: tandem has no such sampler '
                               f"(send {off:g} or leave it out)", "options")
-    penalized = (opts.get("repeat_penalty", 1.0) != 1.0 or opts.get("presence_penalty", 0.0)
-                 or opts.get("frequency_penalty", 0.0))
-    if penalized and opts.get("repeat_last_n", -1) != -1:
-        raise bad_request('option "repeat_last_n" is not supported: tandem applies its '
-                          "penalties over the whole prompt and reply (send -1 or leave it out)",
-                          "options")
+    last_n = opts.get("repeat_last_n")
+    if last_n is not None and last_n < -1:
+        raise bad_request('option "repeat_last_n" must be -1 (the whole history), 0 (off) or '
+                          "a number of tokens", "options")
+    if (opts.get("presence_penalty", 0.0) or opts.get("frequency_penalty", 0.0)) and (
+            last_n not in (None, -1)):
+        raise bad_request('option "repeat_last_n" applies to repeat_penalty only: tandem '
+                          "applies presence_penalty and frequency_penalty over the whole "
+                          "reply (send -1 or leave it out)", "options")
     limit = opts.get("num_predict")
     if limit is not None and limit < 1 and limit not in (-1, -2):
         raise bad_request('option "num_predict" must be a positive number of tokens, or -1 '
@@ -197,7 +202,7 @@ def sampling_options(options: dict[str, Any] | None) -> tuple[SamplingFields, in
         top_k=opts.get("top_k"), min_p=opts.get("min_p"),
         seed=seed if seed is None or seed >= 0 else None, stop=opts.get("stop"),
         num_ctx=opts.get("num_ctx"),
-        repetition_penalty=opts.get("repeat_penalty"),
+        repetition_penalty=opts.get("repeat_penalty"), repeat_last_n=last_n,
         presence_penalty=opts.get("presence_penalty"),
         frequency_penalty=opts.get("frequency_penalty"))
     return fields, (limit if limit is not None and limit > 0 else None)

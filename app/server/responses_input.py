@@ -58,7 +58,7 @@ ITEM_TYPES = ("message", "function_call", "function_call_output")
 TEXT_PARTS = ("input_text", "output_text")
 # sampling fields a Responses body may carry: OpenAI's two, and tandem's extensions as on chat
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
-            "speculative")
+            "repeat_last_n", "speculative")
 
 
 class ResponsesRequest(_Body):
@@ -78,6 +78,7 @@ class ResponsesRequest(_Body):
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     seed: Int64 | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    repeat_last_n: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None
     speculative: bool | None = None
     text: Any = None
     stream: bool | None = None

@@ -6,8 +6,9 @@ follow OpenAI's documented limits where a local server has no reason to differ; 
 400 `invalid_request_error` responses (see `app.server.errors`).
 
 Extensions beyond OpenAI, as llama-server and vLLM accept them: `top_k`, `min_p`,
-`repetition_penalty`, `ignore_eos`. tandem's own: `speculative` and `num_ctx` (see
-`SamplingFields`).
+`repetition_penalty`, `repeat_last_n` (llama-server's name: the tokens the repetition penalty
+looks back over, -1 all, 0 none, default the model's, 64), `ignore_eos`. tandem's own:
+`speculative` and `num_ctx` (see `SamplingFields`).
 
 What a client's mistake gets (each a 400 `invalid_request_error` naming the field):
 - text that is not well-formed Unicode: a JSON `\\ud800`-style escape of half a UTF-16
@@ -164,6 +165,7 @@ class SamplingFields(_Body):
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    repeat_last_n: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None
     max_tokens: TokenCount | None = None
     # JSON object keys are strings: the token ids are parsed from them (strict elsewhere)
     logit_bias: dict[Annotated[int, Strict(False)], Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]] | None = None

@@ -9,7 +9,14 @@ has no speculator, i.e. speculation is off or the runner cannot truncate exactly
 - `tandem_spec_accepted_tokens_by_position_total{position="1".."K"}`: verifications whose
   draft position j was accepted (so position 1 >= position 2 >= ...); K = the draft cap;
 - `tandem_spec_chosen_k_total{k="0".."K"}`: how often the controller gave a sequence that
-  had a proposal k draft tokens (k=0: drafting would not pay this step).
+  had a proposal k draft tokens (k=0: drafting would not pay this step);
+- `tandem_spec_no_draft_total{reason=...}`: decode steps of a sequence that verified no
+  draft, by why (`app.engine.spec_decode.speculator.NO_DRAFT_REASONS`: step_cost, no_gain,
+  no_proposal, prediction_exhausted, prediction_lost, at_limit, opted_out, grammar; every
+  reason exposed, zeros included). Every decode step of a sequence is a draft (counted in
+  `chosen_k` with k >= 1) or one of these, so decode steps = sum over k >= 1 of chosen_k +
+  sum of no_draft, less no_draft{reason="grammar"} (drafts the grammar cut after the
+  controller chose them).
 
 The speculator's stats are written by the engine's step thread; the scrape copies them
 (ints, a list, a dict) through `SpecStats.snapshot()`.
@@ -80,3 +87,11 @@ class SpecCollector(Collector):
         for k in range(max(snap["max_k"], *counts, 0) + 1):
             chosen.add_metric([str(k)], counts.get(k, 0))
         yield chosen
+        no_draft = CounterMetricFamily(
+            "tandem_spec_no_draft",
+            "Decode steps of a sequence that verified no draft token, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in snap["no_draft"].items():
+            no_draft.add_metric([reason], int(count))
+        yield no_draft

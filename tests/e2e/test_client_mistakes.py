@@ -129,6 +129,7 @@ def test_lone_surrogate_is_400_naming_the_field(server: Server, path: str, raw: 
     ("top_k", b"9223372036854775808",
      f"Input should be less than or equal to {INT64_MAX} (got 9223372036854775808)"),
     ("repetition_penalty", b"1e400", "Input should be a finite number (got inf)"),
+    ("repeat_last_n", b"-2", "Input should be greater than or equal to -1 (got -2)"),
     ("temperature", b"NaN", "Input should be a finite number (got nan)"),
     ("logit_bias", b'{"90": 101}', "Input should be less than or equal to 100 (got 101)"),
 ])

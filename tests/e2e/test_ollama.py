@@ -240,10 +240,12 @@ REFUSALS = [
     ("/api/generate", {"prompt": "x", "options": {"num_predict": 0}}, 400,
      'option "num_predict" must be a positive number of tokens, or -1 (until the end of the '
      "reply)"),
-    ("/api/generate", {"prompt": "x", "options": {"repeat_penalty": 1.1,
+    ("/api/generate", {"prompt": "x", "options": {"presence_penalty": 0.5,
                                                   "repeat_last_n": 64}}, 400,
-     'option "repeat_last_n" is not supported: tandem applies its penalties over the whole '
-     "prompt and reply (send -1 or leave it out)"),
+     'option "repeat_last_n" applies to repeat_penalty only: tandem applies presence_penalty '
+     "and frequency_penalty over the whole reply (send -1 or leave it out)"),
+    ("/api/generate", {"prompt": "x", "options": {"repeat_last_n": -2}}, 400,
+     'option "repeat_last_n" must be -1 (the whole history), 0 (off) or a number of tokens'),
     ("/api/generate", {"prompt": "x", "format": "xml"}, 400,
      'invalid format: expected "json" or a JSON schema, got "xml"'),
     ("/api/generate", {"prompt": "x", "template": "{{ .Prompt }}"}, 400,

@@ -9,11 +9,12 @@ Runs on both engines (`engine_kind`):
 Every test is greedy and reads /metrics before and after its requests, on a server with no
 other traffic (it waits until nothing runs), so counter deltas are this test's own.
 
-Identities the asserts rest on, for one greedy request whose every decode step had a
-proposal (a prediction that is never exhausted before the reply ends):
+Identities the asserts rest on, for one greedy request (whatever step-time curve the
+controller has: every decode step either drafts or is counted under one no-draft reason):
     completion_tokens = 1 (from the prefill) + decode steps + accepted draft tokens
-    decode steps      = sum over k of chosen_k[k]   (k = 0 is a plain decode step)
+    decode steps      = drafts + sum over reasons of no_draft[reason]
     drafts            = sum over k >= 1 of chosen_k[k]
+    chosen_k[0]       = no_draft["no_gain"] less the steps `_may_pay` declined at once
     draft_tokens      = sum over k of k * chosen_k[k] = accepted + rejected
 and, for any traffic, accepted = the sum over positions of accepted_by_position.
 """
@@ -30,7 +31,7 @@ import pytest
 from app.engine.async_engine import AsyncEngine
 from app.engine.config import SpecConfig
 from app.engine.engine import EngineConfig, LLMEngine
-from app.engine.spec_decode.speculator import Speculator
+from app.engine.spec_decode.speculator import REASONS, Speculator
 from tests.e2e.conftest import API_KEY, CTX_SIZE, Server, scripted_reply, serve_in_thread
 from tests.fakes.runner import ScriptedRunner
 
@@ -91,6 +92,10 @@ def chosen(d: dict[str, int]) -> dict[int, int]:
     return {k: d[f'tandem_spec_chosen_k_total{{k="{k}"}}'] for k in range(DRAFT_CAP + 1)}
 
 
+def no_draft(d: dict[str, int]) -> dict[str, int]:
+    return {r: d[f'tandem_spec_no_draft_total{{reason="{r}"}}'] for r in REASONS}
+
+
 def by_position_sum(d: dict[str, int]) -> int:
     """Accepted tokens again: a draft that kept j tokens counts once at positions 1..j."""
     return sum(v for k, v in d.items() if "by_position" in k)
@@ -111,23 +116,25 @@ def details(usage) -> tuple[int, int]:
 
 
 def assert_all_drafts_predicted(d: dict[str, int], completion_tokens: int,
-                                accepted: int, rejected: int) -> int:
+                                accepted: int, rejected: int) -> dict[str, int]:
     """The identities of the module docstring, when the prediction is the reply's text.
 
-    Such a prediction drafts every step until it is used up, which is before the reply's
-    EOS: the EOS is either the bonus token of the last draft step or comes from one plain
-    step with no proposal left (not a `chosen_k` sample). Which one depends on the k the
-    adaptive controller picks from this machine's step-time profile. Returns the number of
-    such proposal-less steps (0 or 1).
+    Such a prediction drafts every step that pays until it is used up, which is before the
+    reply's EOS: the EOS is either the bonus token of the last draft step or comes from one
+    plain step with the prediction used up. Which one, and how many steps the controller
+    declined ("no_gain", "step_cost"), depends on the k the adaptive controller picks from
+    this machine's step-time curve; the counts say which. Returns the no-draft counts.
     """
-    ks = chosen(d)
-    tail = completion_tokens - (1 + sum(ks.values()) + accepted)
-    assert tail in (0, 1)
-    assert d["tandem_spec_drafts_total"] == sum(n for k, n in ks.items() if k)
+    ks, why = chosen(d), no_draft(d)
+    drafts = sum(n for k, n in ks.items() if k)
+    assert completion_tokens == 1 + drafts + sum(why.values()) + accepted
+    assert why["prediction_exhausted"] in (0, 1)
+    assert {r for r, n in why.items() if n} <= {"prediction_exhausted", "no_gain", "step_cost"}
+    assert d["tandem_spec_drafts_total"] == drafts
     assert d["tandem_spec_draft_tokens_total"] == sum(k * n for k, n in ks.items())
     assert d["tandem_spec_draft_tokens_total"] == accepted + rejected
     assert d["tandem_spec_accepted_tokens_total"] == accepted == by_position_sum(d)
-    return tail
+    return why
 
 
 @pytest.fixture(scope="module")
@@ -153,13 +160,14 @@ def test_exact_prediction_same_text_all_accepted(spec_server: Server, spec_clien
     # every predicted token is the model's: nothing to reject, and >= 1 step had drafts
     assert rejected == 0
     assert accepted > 0
-    tail = assert_all_drafts_predicted(d, n_tokens, accepted, rejected)
+    why = assert_all_drafts_predicted(d, n_tokens, accepted, rejected)
     # each draft's first token was accepted (rejected == 0)
     assert d['tandem_spec_accepted_tokens_by_position_total{position="1"}'] == (
         d["tandem_spec_drafts_total"])
     if spec_server.mode == "fake":  # fixed:4 over 42 reply tokens + EOS: 8 steps of 4, one of 1
-        assert (accepted, d["tandem_spec_drafts_total"], tail) == (33, 9, 0)
+        assert (accepted, d["tandem_spec_drafts_total"]) == (33, 9)
         assert chosen(d) == {0: 0, 1: 1, 2: 0, 3: 0, 4: 8, 5: 0, 6: 0, 7: 0, 8: 0}
+        assert set(why.values()) == {0}
 
 
 def test_prediction_as_text_parts_streamed(spec_server: Server, spec_client: openai.OpenAI,
@@ -227,9 +235,12 @@ def test_speculative_false_drafts_nothing(spec_server: Server, spec_client: open
     assert r.choices[0].message.content == text
     assert r.usage.completion_tokens == n_tokens
     assert details(r.usage) == (0, 0)
-    assert set(d.values()) == {0}
-    # every family still exposed (3 totals, 2 forced-draft totals, by position, chosen k)
-    assert len(d) == 3 + 2 + DRAFT_CAP + (DRAFT_CAP + 1)
+    # every decode step counted as opted out, nothing else moved
+    assert {k: v for k, v in d.items() if v} == {
+        'tandem_spec_no_draft_total{reason="opted_out"}': n_tokens - 1}
+    # every family still exposed (3 totals, 2 forced-draft totals, by position, chosen k,
+    # no-draft reasons)
+    assert len(d) == 3 + 2 + DRAFT_CAP + (DRAFT_CAP + 1) + len(REASONS)
 
 
 def test_n2_and_legacy_completions_sum_over_choices(spec_server: Server,
@@ -267,6 +278,8 @@ def test_metrics_families_and_labels(spec_server: Server) -> None:
         for j in range(1, DRAFT_CAP + 1)}
     assert {k for k in samples if "chosen_k" in k} == {
         f'tandem_spec_chosen_k_total{{k="{k}"}}' for k in range(DRAFT_CAP + 1)}
+    assert {k for k in samples if "no_draft" in k} == {
+        f'tandem_spec_no_draft_total{{reason="{r}"}}' for r in REASONS}
 
 
 def test_no_speculator_exports_no_spec_metrics(server: Server) -> None:

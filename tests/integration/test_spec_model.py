@@ -118,3 +118,22 @@ def test_seeded_sampling_same_text_with_speculation(runner):
     spec_out, _, stats = generate(runner, [prompt, prompt], params, "fixed:3")
     assert spec_out == plain
     assert stats["accepted_tokens"] > 0
+
+
+def test_windowed_repetition_penalty_same_tokens_with_drafts(runner):
+    """The penalty window slides over the drafts in verification exactly as over the tokens
+    of plain decoding: greedy with a penalty over the last 16 tokens, the same tokens with
+    prediction and n-gram drafts as without; and the window changes the reply (else this
+    could not tell)."""
+    prompt = edit_prompt(runner, "Repeat this code exactly.")
+    prediction = runner.tokenizer.encode(f"```python\n{CODE}```")
+    window = SamplingParams(temperature=0, max_tokens=60, repetition_penalty=1.3,
+                            repeat_last_n=16, prediction=prediction)
+    whole = SamplingParams(temperature=0, max_tokens=60, repetition_penalty=1.3,
+                           repeat_last_n=-1)
+    (plain,), _, _ = generate(runner, [prompt], [window], None)
+    (spec_out,), _, stats = generate(runner, [prompt], [window], "fixed:4")
+    assert spec_out == plain
+    assert stats["accepted_tokens"] > 0
+    (plain_whole,), _, _ = generate(runner, [prompt], [whole], None)
+    assert plain_whole != plain

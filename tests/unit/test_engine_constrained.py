@@ -230,3 +230,19 @@ def test_a_prediction_continues_after_forced_tokens_and_its_rejection_changes_no
     assert (m.num_forced_draft_tokens, m.num_accepted_forced_tokens) == (21, 21)
     assert (m.num_draft_tokens, m.num_accepted_tokens) == (41, 35)
     assert (m.accepted_prediction_tokens, m.rejected_prediction_tokens) == (14, 6)
+
+
+def test_drafts_the_grammar_cuts_to_nothing_count_as_grammar():
+    # the prediction's 'X' is forbidden where the reply writes "age": a step whose drafts
+    # start there verifies none. Every decode step drafts or counts under one reason; the
+    # grammar's steps were counted as drafts by the controller (chosen_k) too
+    runner, eng = engine([VALID], "fixed:8", forced_drafts=False)
+    req = eng.add_request("a", [1, 2, 3], params(
+        eng, temperature=0.0, prediction=list(b'{"name": "Ann", "agX": 41}')))
+    assert run(eng)["a"]["text"] == VALID
+    m = req.metrics
+    assert m.no_draft == {"grammar": 3, "prediction_lost": 10}
+    chosen = eng.speculator.stats.snapshot()["chosen_k"]
+    decode_steps = sum(n for k, n in chosen.items() if k) + sum(m.no_draft.values()) - 3
+    assert decode_steps == m.num_drafts + 13 == len(runner.steps) - 1
+    assert 1 + decode_steps + m.num_accepted_tokens == len(VALID)

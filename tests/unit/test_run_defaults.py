@@ -24,11 +24,22 @@ def _args(*argv: str) -> argparse.Namespace:
 
 def test_flags_override_the_models_recommended_settings():
     assert sampling_values(_args()) == {"temperature": 0.2, "top_p": 0.9, "top_k": 0,
-                                        "min_p": 0.0, "repetition_penalty": 1.05}
-    assert sampling_values(_args("--temperature", "0", "--repetition-penalty", "1")) == {
-        "temperature": 0.0, "top_p": 0.9, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+                                        "min_p": 0.0, "repetition_penalty": 1.05,
+                                        "repeat_last_n": 64}
+    assert sampling_values(_args("--temperature", "0", "--repetition-penalty", "1",
+                                 "--repeat-last-n", "-1")) == {
+        "temperature": 0.0, "top_p": 0.9, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+        "repeat_last_n": -1}
     assert sampling_values(_args("--model", "other.gguf")) == {
-        "temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.0}
+        "temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.0,
+        "repeat_last_n": 64}
+
+
+def test_repeat_last_n_below_minus_one_names_the_flag(capsys):
+    with pytest.raises(SystemExit):
+        _args("--repeat-last-n", "-2")
+    assert "argument --repeat-last-n: expected an integer >= -1, got '-2'" in (
+        capsys.readouterr().err)
 
 
 @pytest.mark.parametrize(("reply", "stdout"), [("Paris.", "Paris.\n"), ("Paris.\n", "Paris.\n")])

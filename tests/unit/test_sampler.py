@@ -8,7 +8,14 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from app.engine.sampler import apply_penalties, draw, make_rng, sample, top_k_ids
+from app.engine.sampler import (
+    apply_penalties,
+    draw,
+    make_rng,
+    penalty_window,
+    sample,
+    top_k_ids,
+)
 from app.engine.types import SamplingParams
 
 PROBS = [0.5, 0.3, 0.15, 0.05]
@@ -182,6 +189,25 @@ def test_penalties_give_hand_computed_logits():
     assert apply_penalties(row, SamplingParams(), [0], [1]) is row
     with pytest.raises(ValueError):
         apply_penalties(row, SamplingParams(presence_penalty=1.0), [], [5])
+
+
+def test_repetition_penalty_covers_the_last_repeat_last_n_tokens():
+    row = np.array([2.0, -1.0, 3.0, 0.5, 1.0, -2.0], dtype=np.float32)
+    prompt, output = [0] + [5] * 70, [2]  # token 0 is 71 tokens back
+    window = apply_penalties(row, SamplingParams(repetition_penalty=2.0), prompt, output)
+    whole = apply_penalties(row, SamplingParams(repetition_penalty=2.0, repeat_last_n=-1),
+                            prompt, output)
+    # the default window of 64: {5, 2} (2.0 -> 1.5, -2 -> -4); the whole history adds 0
+    assert window.tolist() == [2.0, -1.0, 1.5, 0.5, 1.0, -4.0]
+    assert whole.tolist() == [1.0, -1.0, 1.5, 0.5, 1.0, -4.0]
+    off = SamplingParams(repetition_penalty=2.0, repeat_last_n=0)
+    assert apply_penalties(row, off, prompt, output) is row
+    assert penalty_window([0, 1, 2, 3], [4], 3).tolist() == [2, 3, 4]
+    assert penalty_window([0], [1] * 70 + [3], 2).tolist() == [1, 3]
+    assert penalty_window([0, 1], [2], 64).tolist() == [0, 1, 2]
+    assert penalty_window([0, 1], [2], -1).tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="repeat_last_n must be -1"):
+        SamplingParams(repeat_last_n=-2)
 
 
 def test_sample_uses_penalised_logits():

@@ -1,18 +1,29 @@
-"""`measure_step_times` on a fake clock: the fastest repeat per point, points taken in turn,
-then lowered to be monotone; the budget cuts the first pass and the repeats."""
+"""`time_steps` / `measure_step_times` on a fake clock: the core points t(1..8) first, always,
+then repeats and longer points within a budget that grows with t(1); the fastest repeat per
+point, made monotone. `curve_problem` / `load_profile`: a one-point, contended or stale
+profile is measured again, and an untrusted measurement is never cached."""
+
+import json
+
+import pytest
 
 import app.engine.spec_decode.profile as profile
+import app.spec_profile as spec_profile
+from app.engine.spec_decode.profile import curve_problem
 from tests.fakes.runner import FakeRunner
+
+CORE = [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 class _ClockRunner(FakeRunner):
     """A step of n tokens takes `cost(n)` ms on the fake clock, plus scripted noise for
     the k-th timed step (k counts from 0, the two untimed warm-up steps excluded)."""
 
-    def __init__(self, noise: dict[int, float]):
+    def __init__(self, noise: dict[int, float] | None = None, cost=lambda n: 10 + 5 * n):
         super().__init__(num_blocks=512, block_size=1)
         self.now = 0.0
-        self.noise = noise
+        self.noise = noise or {}
+        self.cost = cost
         self.timed: list[int] = []  # n of each step after the warm-up
 
     def clock(self) -> float:
@@ -23,7 +34,7 @@ class _ClockRunner(FakeRunner):
         if len(self.steps) >= 2:
             self.now += self.noise.get(len(self.timed), 0.0) / 1000
             self.timed.append(n)
-        self.now += (10 + 5 * n) / 1000
+        self.now += self.cost(n) / 1000
         return super().execute(items)
 
     def truncate(self, slot, n_tokens):
@@ -49,11 +60,86 @@ def test_the_fastest_pass_counts_and_the_curve_is_monotone(monkeypatch):
     assert runner.calls == [("release", 0, 0)]
 
 
-def test_the_budget_ends_the_first_pass_and_the_repeats(monkeypatch):
-    runner = _ClockRunner({})
-    # budget 710 ms from before the warm-up (the 128-token prefill 650 ms, a decode 15):
-    # pass 1 takes n = 1 (15 ms), 2 (20 ms), 3 (25 ms: now at 725 ms) and stops; pass 2
-    # finds the deadline passed at once
-    out = _measure(monkeypatch, runner, points=(1, 2, 3, 4, 5), repeats=3, budget_s=0.71)
-    assert runner.timed == [1, 2, 3]
-    assert out == {1: 15.0, 2: 20.0, 3: 25.0}
+def test_the_core_pass_ignores_the_budget_which_ends_the_repeats(monkeypatch):
+    # budget max(50 ms, 4 x t(1) = 60 ms) from the first timed step; the core pass takes
+    # 15 + 20 + 25 + 30 = 90 ms whatever the budget, and nothing follows it
+    runner = _ClockRunner()
+    out = _measure(monkeypatch, runner, points=(1, 2, 3, 4, 10, 12), repeats=3,
+                   budget_s=0.05, budget_steps=4)
+    assert runner.timed == [1, 2, 3, 4]
+    assert out == {1: 15.0, 2: 20.0, 3: 25.0, 4: 30.0}
+
+
+def test_a_90_ms_step_still_measures_t1_to_t8(monkeypatch):
+    # t(n) = 90 n ms: the core pass alone takes 3.24 s, over the 3 s budget; the budget is
+    # 60 x t(1) = 5.4 s, so the second pass runs n = 1..7 (its n = 7 starts at 5.13 s)
+    runner = _ClockRunner(cost=lambda n: 90 * n)
+    out = _measure(monkeypatch, runner)
+    assert runner.timed == CORE + CORE[:7]
+    assert out == {n: 90.0 * n for n in CORE}
+
+
+def test_longer_points_follow_the_core_repeats(monkeypatch):
+    runner = _ClockRunner()
+    out = _measure(monkeypatch, runner, points=(1, 2, 10, 12), repeats=2, budget_s=100.0)
+    assert runner.timed == [1, 2, 1, 2, 10, 12, 10, 12]
+    assert out == {1: 15.0, 2: 20.0, 10: 60.0, 12: 70.0}
+
+
+def test_curve_problems():
+    assert curve_problem({1: 0.218}, CORE) == "1 point(s), t(2, 3, 4, 5, 6, 7, 8) missing"
+    ok = {n: 0.010 * (1 + 0.5 * (n - 1)) for n in CORE}
+    assert curve_problem(ok, CORE) is None
+    assert curve_problem({**ok, 2: 0.16}, CORE) == (
+        "t(2)/t(1) = 16.0 > 4: measured while the machine was busy")
+    # t(3) 47 ms over t(4) 30 ms: more than 1.5x; 44 ms is noise the curve lowers away
+    assert curve_problem({**ok, 3: 0.047, 4: 0.030}, CORE) == (
+        "t(3) = 47.0 ms > 1.5 x t(4) = 30.0 ms: measured while the machine was busy")
+    assert curve_problem({**ok, 3: 0.044, 4: 0.030}, CORE) is None
+
+
+def _setup(monkeypatch, tmp_path, runner):
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    monkeypatch.setattr(profile.time, "perf_counter", runner.clock)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x" * 10)
+    return model, spec_profile.profile_path(runner, model, "fake")
+
+
+def test_a_one_point_cache_is_measured_again_and_replaced(monkeypatch, tmp_path):
+    runner = _ClockRunner()
+    model, path = _setup(monkeypatch, tmp_path, runner)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"step_seconds": {"1": 0.218}}))
+    p = spec_profile.load_profile(runner, model, "fake")
+    assert not p.cached and p.trusted
+    assert sorted(p.points)[:8] == CORE and p.points[1] == pytest.approx(0.015)
+    assert json.loads(path.read_text())["step_seconds"]["8"] == pytest.approx(0.05)
+    # read back as it was written: from the cache, no step run
+    runner.timed.clear()
+    again = spec_profile.load_profile(runner, model, "fake")
+    assert again.cached and again.points == p.points and runner.timed == []
+
+
+def test_a_stale_cache_is_measured_again(monkeypatch, tmp_path):
+    runner = _ClockRunner()
+    model, path = _setup(monkeypatch, tmp_path, runner)
+    spec_profile.load_profile(runner, model, "fake")
+    body = json.loads(path.read_text())
+    body["online"] = {"1": {"1": [0.045, 4]}}  # the engine saw t(1) = 45 ms, measured 15
+    path.write_text(json.dumps(body))
+    assert spec_profile.stale({1: 0.015}, {1: {1: (0.045, 4)}}) == (
+        "the engine's steps took 45.0 ms for t(1), measured 15.0 ms")
+    assert spec_profile.stale({1: 0.015}, {1: {1: (0.045, 3)}}) is None  # too few yet
+    p = spec_profile.load_profile(runner, model, "fake")
+    assert not p.cached and p.online == {}
+
+
+def test_a_contended_measurement_is_used_but_never_cached(monkeypatch, tmp_path):
+    runner = _ClockRunner(cost=lambda n: 10 if n == 1 else 50 * n)  # t(2)/t(1) = 10
+    model, path = _setup(monkeypatch, tmp_path, runner)
+    p = spec_profile.load_profile(runner, model, "fake")
+    assert not p.trusted and p.points[2] == pytest.approx(0.1)
+    assert [len(step[0].tokens) for step in runner.steps].count(128) == 2  # measured twice
+    assert not path.exists()
+    assert p.online_times().persist is None  # nor do its online estimates get saved

@@ -92,7 +92,9 @@ class PredictionProposer:
     A cursor follows where in the prediction the output has got to. While the output keeps
     agreeing with the prediction the next drafts are the prediction's next tokens; after an
     edit, the output's last n-gram (longest first, the occurrence nearest after the cursor)
-    finds the place to continue from.
+    finds the place to continue from. When it has no drafts, `spec_state["prediction_miss"]`
+    says why: "exhausted" (the cursor is at the prediction's end) or "lost" (no n-gram of the
+    output is in the prediction).
     """
 
     name = "prediction"
@@ -109,17 +111,23 @@ class PredictionProposer:
         output = request.output_ids
         advanced = len(output) - state["cursor_out"]
         cursor = state["cursor"] + advanced
-        aligned = (0 < cursor <= len(prediction)
-                   and output[state["cursor_out"]:] == prediction[state["cursor"]:cursor])
+        within = prediction[state["cursor"]:cursor]
+        agreed = output[state["cursor_out"]:state["cursor_out"] + len(within)] == within
+        aligned = 0 < cursor <= len(prediction) and agreed
         if not output:
             cursor = 0
         elif not aligned:
             found = index.find(output, state["cursor"])
             if found is None:
+                # the output went on past the prediction's end, or left it
+                past_end = cursor > len(prediction) and agreed
+                state["prediction_miss"] = "exhausted" if past_end else "lost"
                 return []
             cursor = found
         state["cursor"], state["cursor_out"] = cursor, len(output)
-        return prediction[cursor:cursor + k]
+        drafts = prediction[cursor:cursor + k]
+        state["prediction_miss"] = None if drafts else "exhausted"
+        return drafts
 
     def kind(self, request: Request) -> str:
         return "prediction"

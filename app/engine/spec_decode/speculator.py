@@ -11,10 +11,15 @@ after them (a prediction that agrees with them, else n-gram lookup past them), a
 engine cuts them at the first token the grammar forbids. The controller rates forced
 positions by their own estimate (prior `FORCED_PRIOR`), so they are drafted where n-gram
 drafts would not pay.
+
+Every decode step of a sequence that verifies no draft is counted under one reason
+(`NO_DRAFT_REASONS`, `SpecStats.no_draft`, the request's `metrics.no_draft`), and the
+server's log says, at info level, each time the reason of a step without drafts changes.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 from app.engine.config import SpecConfig
@@ -30,6 +35,9 @@ from app.engine.spec_decode.controller import (
 from app.engine.spec_decode.draft_model import PENDING, DraftModelProposer
 from app.engine.spec_decode.forced import FORCED, ForcedProposer
 from app.engine.spec_decode.proposer import NgramProposer, PredictionProposer, Proposer
+from app.engine.spec_decode.step_times import OnlineStepTimes
+
+log = logging.getLogger("tandem.spec")
 
 # First acceptance estimates of a kind of draft: enough for drafts to be tried where the
 # step-time curve is flat, not on a steep one until there is evidence; a prediction is tried
@@ -39,6 +47,21 @@ PREDICTION_PRIOR = 0.9
 # Forced tokens are rejected only where the model picks another tokenization of the same
 # bytes, which the mask may allow: rare.
 FORCED_PRIOR = 0.98
+
+# Why a decoding sequence verified no draft in a step, and what the log says about it.
+NO_DRAFT_REASONS = {
+    "step_cost": "a longer step costs more than drafts accepted at 95% would return "
+                 "(the step-time curve is steep for this batch)",
+    "no_gain": "drafts were there, but at their estimated acceptance they would not pay",
+    "no_proposal": "no draft source had tokens (no n-gram match, no prediction)",
+    "prediction_exhausted": "the request's prediction is used up",
+    "prediction_lost": "the reply left the request's prediction and no n-gram of it "
+                       "finds its place again",
+    "at_limit": "the next token is the last the request's max_tokens or the context allows",
+    "opted_out": "the request set speculative: false",
+    "grammar": "the grammar forbids the first draft token",
+}
+REASONS = tuple(NO_DRAFT_REASONS)
 
 
 class SpecStats:
@@ -54,6 +77,8 @@ class SpecStats:
         # chosen_k[k]: times a sequence with a proposal got k drafts. A list of fixed size,
         # so `snapshot` (called from other threads) copies it in one step.
         self.chosen_k = [0] * (max_k + 1)
+        # no_draft[i]: decode steps of a sequence that verified no draft, for REASONS[i]
+        self.no_draft = [0] * len(REASONS)
 
     def snapshot(self) -> dict[str, object]:
         return {
@@ -64,27 +89,34 @@ class SpecStats:
             "forced_draft_tokens": self.forced_draft_tokens,
             "forced_accepted_tokens": self.forced_accepted_tokens,
             "chosen_k": {k: n for k, n in enumerate(list(self.chosen_k)) if n},
+            "no_draft": dict(zip(REASONS, list(self.no_draft), strict=True)),
         }
 
 
 class Speculator:
     """Args:
     config: mode and draft cap.
-    curve: the target's measured step-time curve (needed unless the mode is fixed).
+    curve: the target's measured step-time curve (needed unless the mode is fixed, or
+        `online` is given).
     context_length: the engine's per-sequence limit; drafts never pass it.
     equal_split: the target runner's `capabilities.equal_split` (how a step's cost grows
         with sequences of different lengths).
     draft, draft_curve: a draft model proposer and its step-time curve (mode "draft" needs
         them; "auto" uses them where prediction and n-gram lookup have nothing).
+    online: the curve refined from the engine's steps (`observe_step`), per batch-size
+        bucket; used instead of `curve` when given.
     Raises ValueError for mode "off" (build no speculator then), a missing curve, or mode
     "draft" without a draft model.
     """
 
     def __init__(self, config: SpecConfig, curve: StepTimeCurve | None, context_length: int,
                  equal_split: bool = False, draft: DraftModelProposer | None = None,
-                 draft_curve: StepTimeCurve | None = None):
+                 draft_curve: StepTimeCurve | None = None,
+                 online: OnlineStepTimes | None = None):
         if config.mode == "off":
             raise ValueError("speculation is off: build no Speculator")
+        if online is not None and curve is None:
+            curve = online.curve(1)
         if config.fixed_k is None and curve is None:
             raise ValueError("the adaptive controller needs a step-time curve")
         if config.mode == "draft" and draft is None:
@@ -93,6 +125,8 @@ class Speculator:
             raise ValueError("the adaptive controller needs the draft model's step-time curve")
         self.config = config
         self.curve = curve
+        self.online = online
+        self._online_version = online.version if online is not None else 0
         self.context_length = context_length
         self.equal_split = equal_split
         self.max_k = config.num_draft_tokens
@@ -112,6 +146,7 @@ class Speculator:
         # highest acceptance a new kind of draft starts from, without / with a prediction;
         # None: recompute (a global estimate was created or observed)
         self._global_ceilings: tuple[float, float] | None = None
+        self._logged_reason: str | None = None  # the last no-draft reason logged
 
     def _cap(self, r: Request) -> int:
         cap = min(self.max_k, self.context_length - r.num_tokens - 1)
@@ -121,24 +156,40 @@ class Speculator:
 
     def propose(self, running: Iterable[Request], waiting: Iterable[Request],
                 budget: int) -> None:
-        """Set `spec_token_ids` on the running requests that will decode this step."""
+        """Set `spec_token_ids` on the running requests that will decode this step; count
+        each decoding request that gets none under its reason (`no_draft`)."""
         num_decoding = 0
         counts: list[int] = []  # tokens per sequence in the step, without drafts
         slots: list[int] = []
         owners: list[int] = []
         candidates: list[tuple[Request, str, list[int]]] = []
-        running = list(running)
+        running, waiting = list(running), list(waiting)
         forced: dict[Request, list[int]] = {}
+        reasons: dict[Request, str] = {}  # decoding requests without drafts: why
+        eligible: list[Request] = []  # decoding requests that may draft
         for r in running:
             r.spec_token_ids = []
             r.spec_state.pop("forced", None)
-            if (self.forced is not None and r.matcher is not None
-                    and r.num_tokens - r.num_computed_tokens == 1 and r.params.speculative):
-                tokens = self.forced.propose(r, self._cap(r))
-                if tokens:
-                    forced[r] = tokens
-        if self.config.fixed_k is None and not self._may_pay(running, waiting, budget, forced):
-            return
+            if r.num_tokens - r.num_computed_tokens != 1:
+                continue  # a prefill
+            if not r.params.speculative:
+                reasons[r] = "opted_out"
+            elif self._cap(r) <= 0:
+                reasons[r] = "at_limit"
+            else:
+                eligible.append(r)
+                if self.forced is not None and r.matcher is not None:
+                    tokens = self.forced.propose(r, self._cap(r))
+                    if tokens:
+                        forced[r] = tokens
+        curve = self._step_curve(len(running) + len(waiting))
+        if self.config.fixed_k is None and eligible:
+            why = self._may_pay(curve, running, waiting, budget, forced)
+            if why is not None:
+                for r in eligible:
+                    reasons[r] = why
+                self._count(reasons, drafted=False)
+                return
         left = budget
         for r in running:
             todo = min(r.num_tokens - r.num_computed_tokens, left)
@@ -148,9 +199,9 @@ class Speculator:
             if todo != 1 or r.num_tokens - r.num_computed_tokens != 1:
                 continue  # a prefill chunk
             num_decoding += 1
-            cap = self._cap(r) if r.params.speculative else 0
-            if cap <= 0:
+            if r in reasons:
                 continue
+            cap = self._cap(r)
             if r in forced:
                 kind, tail = self._after_forced(r, forced[r], cap)
                 candidates.append((r, kind, forced[r] + tail, len(forced[r])))
@@ -166,6 +217,8 @@ class Speculator:
                 if self.draft is not None:  # its tokens are computed once k is known
                     candidates.append((r, "draft", [PENDING] * cap, 0))
                     owners.append(len(counts) - 1)
+                else:
+                    reasons[r] = _why_no_proposal(r)
         taken = set(slots)
         free = (s for s in range(1 << 16) if s not in taken)
         for r in waiting:  # admissions take the lowest free slots and the budget left
@@ -176,13 +229,14 @@ class Speculator:
             counts.append(todo)
             slots.append(next(free))
         if not candidates:
+            self._count(reasons, drafted=False)
             return
         if self.config.fixed_k is not None:
             ks = [min(self.config.fixed_k, len(d)) for _, _, d, _ in candidates]
         else:
             rates = [self._rates(r, name, n_forced, len(d))
                      for r, name, d, n_forced in candidates]
-            ks = allocate_drafts(self.curve, counts, num_decoding, rates,
+            ks = allocate_drafts(curve, counts, num_decoding, rates,
                                  [len(d) for _, _, d, _ in candidates], owners,
                                  self.equal_split, self.draft_curve,
                                  [kind == "draft" for _, kind, _, _ in candidates], slots)
@@ -194,11 +248,51 @@ class Speculator:
                 if n_forced:
                     r.spec_state["forced"] = min(n_forced, k)
             else:
+                reasons[r] = "no_gain"
                 # not tried: let what is known fade towards the prior, slowly, so that a
                 # kind of draft that did badly once is tried again some time later
                 for name in {kind, FORCED} if n_forced else (kind,):
                     self._estimate(r, name).forget(0.95)
                     self._global(name).forget(0.999)
+        self._count(reasons, drafted=any(ks))
+
+    def no_draft(self, r: Request, reason: str) -> None:
+        """Count one more step of `r` without drafts under `reason` (one of REASONS): for
+        drafts the engine removed after `propose` (e.g. "grammar")."""
+        self._count({r: reason}, drafted=False)
+
+    def _count(self, reasons: dict[Request, str], drafted: bool) -> None:
+        """Count this step's decoding requests without drafts by reason, and log the
+        step's reason (the most common; none when something drafted) when it changed."""
+        if not reasons:
+            return
+        tally: dict[str, int] = {}
+        for r, why in reasons.items():
+            self.stats.no_draft[REASONS.index(why)] += 1
+            r.metrics.no_draft[why] = r.metrics.no_draft.get(why, 0) + 1
+            tally[why] = tally.get(why, 0) + 1
+        if drafted:
+            return
+        why = max(REASONS, key=lambda w: tally.get(w, 0))
+        if why != self._logged_reason:
+            self._logged_reason = why
+            log.info("speculation: no drafts (%s): %s", why, NO_DRAFT_REASONS[why])
+
+    def observe_step(self, num_tokens: int, num_seqs: int, seconds: float) -> None:
+        """A step the engine ran: `num_tokens` tokens, each with logits, for `num_seqs`
+        sequences, in `seconds` (refines the online curve; no-op without one)."""
+        if self.online is not None:
+            self.online.observe(num_tokens, num_seqs, seconds)
+
+    def _step_curve(self, num_seqs: int) -> StepTimeCurve:
+        """The curve for a step of `num_seqs` sequences; forgets the cached bounds when the
+        online curve changed."""
+        if self.online is None:
+            return self.curve
+        if self.online.version != self._online_version:
+            self._online_version = self.online.version
+            self._can_pay.clear()
+        return self.online.curve(num_seqs)
 
     def _after_forced(self, r: Request, forced: list[int], cap: int) -> tuple[str, list[int]]:
         """(kind, drafts) to follow `r`'s forced tokens, up to `cap` in all: a prediction's
@@ -228,15 +322,18 @@ class Speculator:
             rates += self._estimate(r, kind).rates()[:n - n_forced]
         return rates
 
-    def _may_pay(self, running: list[Request], waiting: Iterable[Request], budget: int,
-                 forced: dict[Request, list[int]]) -> bool:
-        """Whether drafts could pay in this step; if not, the proposers do not even run.
+    def _may_pay(self, curve: StepTimeCurve, running: list[Request],
+                 waiting: list[Request], budget: int,
+                 forced: dict[Request, list[int]]) -> str | None:
+        """Why drafts cannot pay in this step (then the proposers do not even run), or None
+        when they may.
 
         Two upper bounds. By the step's shape (cached): even drafts accepted at
-        `BEST_ACCEPTANCE` cannot pay on a compute-bound step. By acceptance: each decoding
-        sequence's drafts are accepted at most at its `_ceiling`, and on a steep curve a
-        sequence whose drafts are accepted 60% of the time cannot gain (`drafts_may_pay`).
-        Either False means `allocate_drafts` would give every sequence k = 0."""
+        `BEST_ACCEPTANCE` cannot pay on a compute-bound step ("step_cost"). By acceptance:
+        each decoding sequence's drafts are accepted at most at its `_ceiling`, and on a
+        steep curve a sequence whose drafts are accepted 60% of the time cannot gain
+        (`drafts_may_pay`; "no_gain"). Either means `allocate_drafts` would give every
+        sequence k = 0."""
         total = decoding = 0
         for r in running:
             todo = r.num_tokens - r.num_computed_tokens
@@ -244,24 +341,24 @@ class Speculator:
             decoding += todo == 1
         total += sum(r.num_tokens - r.num_computed_tokens for r in waiting)
         # forced drafts may be accepted above BEST_ACCEPTANCE: bound with 1 then
-        key = (min(total, budget), decoding, bool(forced))
-        max_drafts = min(decoding * self.max_k, budget - key[0])
+        key = (id(curve), min(total, budget), decoding, bool(forced))
+        max_drafts = min(decoding * self.max_k, budget - key[1])
         if len(self._can_pay) > 4096:
             self._can_pay.clear()
         verdict = self._can_pay.get(key)
         if verdict is None:
             # the draft model's own cost only lowers the bound: leave it out
             verdict = self._can_pay[key] = drafts_can_pay(
-                self.curve, key[0], decoding, max_drafts, 1.0 if forced else BEST_ACCEPTANCE)
+                curve, key[1], decoding, max_drafts, 1.0 if forced else BEST_ACCEPTANCE)
         if not verdict:
-            return False
+            return "step_cost"
         ceilings = tuple(self._ceiling(r, r in forced) for r in running
                          if r.num_tokens - r.num_computed_tokens == 1)
         verdict = self._can_pay.get((key, ceilings))
         if verdict is None:
             verdict = self._can_pay[key, ceilings] = drafts_may_pay(
-                self.curve, key[0], decoding, ceilings, self.max_k, max_drafts)
-        return verdict
+                curve, key[1], decoding, ceilings, self.max_k, max_drafts)
+        return None if verdict else "no_gain"
 
     def _ceiling(self, r: Request, forced: bool = False) -> float:
         """The highest conditional acceptance any draft of `r` can be estimated at before the
@@ -337,3 +434,9 @@ class Speculator:
         self._estimate(r, kind).observe(num_drafted, num_accepted)
         self._global(kind).observe(num_drafted, num_accepted)
         self._global_ceilings = None
+
+
+def _why_no_proposal(r: Request) -> str:
+    """The reason a decoding request had no draft from any proposer."""
+    return {"exhausted": "prediction_exhausted", "lost": "prediction_lost"}.get(
+        r.spec_state.get("prediction_miss"), "no_proposal")

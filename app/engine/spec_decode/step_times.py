@@ -1,0 +1,101 @@
+"""The step-time curve refined from the engine's own steps, per batch-size bucket.
+
+The start-up profile measures t(n) for one sequence at a 128-token context on a scratch
+slot; real steps run at other contexts, with other batch shapes, beside whatever else the
+machine is doing. Every decode or verification step the engine runs (each of its tokens with
+logits) is one observation of t(n) for its bucket of sequences (1, 2, 3-4, 5-8, ...). Each
+(bucket, n) keeps an exponentially weighted moving average (EWMA) of what was observed: a
+step's weight decays by 1 - ALPHA per later observation of the same point, and an
+observation is first clipped to [1/CLIP, CLIP] x the current estimate, so one step slowed
+by a burst of other work moves it by at most ALPHA x (CLIP - 1). An estimate with
+MIN_SAMPLES observations replaces the profile's value at its n in that bucket's curve;
+the other points stay the profile's.
+
+Curves are published (rebuilt) only when an estimate first counts or moves more than
+PUBLISH_CHANGE from the value the published curve has, so the controller's per-shape
+decisions can be cached between changes (`version`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from app.engine.spec_decode.controller import StepTimeCurve
+
+ALPHA = 0.125  # EWMA weight of a new observation (a step's weight halves in ~5 more)
+CLIP = 2.0  # an observation counts as at most CLIP x (at least 1/CLIP x) the estimate
+MIN_SAMPLES = 4  # observations before an estimate replaces the profile's point
+PUBLISH_CHANGE = 0.05  # relative move of an estimate that rebuilds its bucket's curve
+SAVE_EVERY = 256  # observations between two `persist` calls (while anything changed)
+
+
+def batch_bucket(num_seqs: int) -> int:
+    """The bucket of a step with `num_seqs` sequences: the least power of two >= it (1, 2,
+    4, 8, ...)."""
+    return 1 << max(num_seqs - 1, 0).bit_length()
+
+
+class OnlineStepTimes:
+    """Args:
+    base: the profile's {n: seconds} (one sequence); at least one point.
+    estimates: persisted {bucket: {n: (seconds, observations)}} to start from.
+    persist: called with `snapshot()` every SAVE_EVERY observations when an estimate changed
+        since the last call (the profile file is rewritten; errors are the callee's).
+    Raises ValueError for an empty or non-positive `base` (as `StepTimeCurve`).
+    """
+
+    def __init__(self, base: Mapping[int, float],
+                 estimates: Mapping[int, Mapping[int, tuple[float, int]]] | None = None,
+                 persist: Callable[[dict[int, dict[int, tuple[float, int]]]], None] | None = None):
+        self.base = {int(n): float(t) for n, t in base.items()}
+        self.base_curve = StepTimeCurve(self.base)
+        self.estimates: dict[int, dict[int, list[float]]] = {
+            int(b): {int(n): [float(t), int(c)] for n, (t, c) in pts.items() if t > 0}
+            for b, pts in (estimates or {}).items()}
+        self.persist = persist
+        self.version = 0  # incremented whenever a published curve changes
+        self._curves: dict[int, StepTimeCurve] = {}
+        self._published: dict[int, dict[int, float]] = {}
+        self._unsaved = 0
+
+    def observe(self, num_tokens: int, num_seqs: int, seconds: float) -> None:
+        """One step that computed `num_tokens` tokens (all with logits) for `num_seqs`
+        sequences in `seconds`."""
+        if num_tokens < 1 or num_seqs < 1 or not seconds > 0:
+            return
+        bucket = batch_bucket(num_seqs)
+        points = self.estimates.setdefault(bucket, {})
+        est = points.get(num_tokens)
+        if est is None:
+            points[num_tokens] = est = [seconds, 1]
+        else:
+            x = min(max(seconds, est[0] / CLIP), est[0] * CLIP)
+            est[0] += ALPHA * (x - est[0])
+            est[1] += 1
+        if est[1] >= MIN_SAMPLES and bucket in self._curves:  # else built afresh when asked
+            shown = self._published[bucket].get(num_tokens)
+            if shown is None or abs(est[0] - shown) > PUBLISH_CHANGE * shown:
+                self._curves.pop(bucket, None)
+                self.version += 1
+        self._unsaved += 1
+        if self.persist is not None and self._unsaved >= SAVE_EVERY:
+            self._unsaved = 0
+            self.persist(self.snapshot())
+
+    def curve(self, num_seqs: int = 1) -> StepTimeCurve:
+        """The curve for a step of `num_seqs` sequences: the profile's points, each replaced
+        (or joined) by its bucket's estimate where that has MIN_SAMPLES observations."""
+        bucket = batch_bucket(num_seqs)
+        curve = self._curves.get(bucket)
+        if curve is None:
+            used = {n: t for n, (t, c) in self.estimates.get(bucket, {}).items()
+                    if c >= MIN_SAMPLES}
+            self._published[bucket] = used
+            curve = self._curves[bucket] = (StepTimeCurve({**self.base, **used}) if used
+                                            else self.base_curve)
+        return curve
+
+    def snapshot(self) -> dict[int, dict[int, tuple[float, int]]]:
+        """{bucket: {n: (seconds, observations)}}, for the profile file."""
+        return {b: {n: (t, int(c)) for n, (t, c) in sorted(pts.items())}
+                for b, pts in sorted(self.estimates.items()) if pts}

@@ -1,0 +1,77 @@
+"""The step-time curve refined online from the engine's steps: exact EWMA values for a
+sequence of observed steps, per batch bucket, published only on a change, persisted."""
+
+import pytest
+
+import app.engine.spec_decode.step_times as st
+from app.engine.spec_decode.step_times import OnlineStepTimes, batch_bucket
+
+BASE = {1: 0.010, 2: 0.020, 4: 0.040, 8: 0.080}
+
+
+def test_batch_buckets_are_powers_of_two():
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [1, 2, 4, 4, 8, 8, 16]
+
+
+def test_ewma_of_clipped_observations_replaces_the_point_after_min_samples():
+    online = OnlineStepTimes(BASE)
+    assert online.curve(1)(2) == 0.020
+    # 16 ms; 24 ms: +1/8 of the gap (17); 100 ms, clipped to 2 x 17 = 34: 19.125; 8 ms,
+    # clipped to 19.125 / 2: 19.125 - 1/8 x 9.5625 = 17.9296875 (the 4th: it counts now)
+    for seconds in (0.016, 0.024, 0.100):
+        online.observe(2, 1, seconds)
+    assert online.curve(1)(2) == 0.020  # three observations: still the profile's
+    version = online.version
+    online.observe(2, 1, 0.008)
+    assert online.version == version + 1
+    assert online.snapshot() == {1: {2: (pytest.approx(0.0179296875), 4)}}
+    curve = online.curve(1)
+    assert curve(2) == pytest.approx(0.0179296875)
+    assert (curve(1), curve(4), curve(3)) == (0.010, 0.040, pytest.approx(0.02896484375))
+    # a move under 5% publishes nothing: the same curve, the same version
+    online.observe(2, 1, 0.0185)
+    assert online.version == version + 1 and online.curve(1) is curve
+    assert online.snapshot()[1][2] == (pytest.approx(0.0179296875 + (0.0185 - 0.0179296875) / 8), 5)
+
+
+def test_each_batch_bucket_has_its_own_curve():
+    online = OnlineStepTimes(BASE)
+    for _ in range(4):
+        online.observe(3, 2, 0.050)  # two sequences, three tokens
+    two = online.curve(2)
+    assert (two(2), two(3), two(4)) == (0.020, 0.050, 0.050)  # made non-decreasing
+    assert online.curve(1)(3) == 0.030 and online.curve(3)(3) == 0.030  # the profile's
+    online.observe(0, 1, 0.01)  # nothing computed, or no time: ignored
+    online.observe(1, 1, 0.0)
+    assert online.snapshot() == {2: {3: (0.050, 4)}}
+
+
+def test_estimates_persist_and_start_a_new_engine(monkeypatch):
+    monkeypatch.setattr(st, "SAVE_EVERY", 2)
+    saved = []
+    online = OnlineStepTimes(BASE, persist=saved.append)
+    online.observe(1, 1, 0.012)
+    assert saved == []
+    online.observe(1, 1, 0.012)
+    assert saved == [{1: {1: (0.012, 2)}}]
+    again = OnlineStepTimes(BASE, {1: {1: (0.012, 4)}})
+    assert again.curve(1)(1) == 0.012
+
+
+def test_the_engine_observes_its_decode_and_verify_steps():
+    from app.engine.config import SpecConfig
+    from app.engine.spec_decode.speculator import Speculator
+    from tests.unit.helpers import greedy, make, run_all
+
+    _, eng = make(budget=64)
+    online = OnlineStepTimes({1: 1.0, 64: 1.01})  # flat: n-gram drafts everywhere they can
+    eng.speculator = Speculator(SpecConfig(mode="auto"), None, eng.context_length,
+                                online=online)
+    eng.add_request("a", [10, 20, 30, 40], greedy(6))  # nothing to look up: 5 lone decodes
+    eng.add_request("b", [1, 2, 3, 1, 2], greedy(3))  # answers 3: (2, 3) -> drafts 1
+    run_all(eng)
+    # the prefill step (9 tokens, 2 logits rows) is no point of the curve; then two steps of
+    # both sequences: a's decode with b's verification of 1 + 1 draft (b's cap: one token
+    # before its last), then a's and b's plain decodes (b at its limit); then a alone, 3 times
+    assert {b: {n: c for n, (_, c) in pts.items()} for b, pts in online.snapshot().items()} == {
+        1: {1: 3}, 2: {2: 1, 3: 1}}
