@@ -94,6 +94,7 @@ class _Job:
     started: float | None = None  # perf_counter of the first step that gave it KV
     finished: float | None = None  # ... of the step that completed it
     error: str | None = None  # the engine failed it
+    added: bool = False  # its request is in the engine
     aborted: bool = False
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # new chunks, or the end
     gone: bool = False  # the peer cancelled or hung up
@@ -284,13 +285,16 @@ class PrefillWorker:
         self._start_driver()
         job = _Job(f"peer-{next(self._ids)}", h["request"], tokens, start, chunk_tokens,
                    exported=start)
+        # ahead of it: the prompts admitted before it that are not computed yet (their
+        # requests are added to the engine in this order: the executor runs calls in order)
         ahead = [j for j in self._jobs.values() if not j.done]
+        self._jobs[job.rid] = job
         try:
-            await self._run(self.engine.add_request, job.rid, tokens, _PARAMS)
+            await self._run(self._add, job)
         except ValueError as e:  # out-of-vocabulary ids, too long for this context
+            self._jobs.pop(job.rid, None)
             await self._error(writer, key, "prefill", str(e))
             return "bad_request"
-        self._jobs[job.rid] = job
         self._wake.set()
         watcher = asyncio.create_task(self._watch(reader, key, job))
         t0 = time.perf_counter()
@@ -359,7 +363,7 @@ class PrefillWorker:
         while True:
             await self._wake.wait()
             while self._jobs:
-                jobs = [j for j in self._jobs.values() if not j.done]
+                jobs = [j for j in self._jobs.values() if j.added and not j.done]
                 if not jobs:
                     break
                 try:
@@ -400,6 +404,11 @@ class PrefillWorker:
             if job.exported >= job.n:
                 self.engine.abort(job.rid)
                 job.finished = now
+
+    def _add(self, job: _Job) -> None:
+        """(executor) Its request into the engine. Raises ValueError as `add_request`."""
+        self.engine.add_request(job.rid, job.tokens, _PARAMS)
+        job.added = True
 
     def _abort(self, job: _Job) -> None:
         """(executor) The peer is gone: end its request wherever it is."""
