@@ -118,8 +118,10 @@ def test_a_peer_that_stops_reading_is_dropped_and_frees_everything(live):
     tok = w.engine.runner.tokenizer
     blocks_before = live.engine_stats().kv_blocks_used
     stalled_before = w.counters.get("stalled", 0)
-    # 400 tokens: 9.2 MB of KV, far beyond the socket buffers of a 4 KB receive window
-    ids = prompt(tok, 190, "stall")
+    # 265 tokens: 6.1 MB of KV, twice what loopback's socket buffers take from a peer with
+    # a 4 KB receive window (3.0 MB measured, tcp_wmem's 4 MB limit)
+    ids = prompt(tok, 120, "stall")
+    assert len(ids) * 23040 > 6e6
 
     async def stalled_then_next():
         reader, writer = await _prefill(live.port, live.fingerprint, ids, rcvbuf=4096,
@@ -226,7 +228,7 @@ def test_two_decode_boxes_share_one_worker(live, local, embedded_model):
     w = live.worker
     a, b = split_engine(embedded_model, live.port), split_engine(embedded_model, live.port)
     try:
-        ids_a, ids_b = prompt(local, 90, "box-a"), prompt(local, 110, "box-b")
+        ids_a, ids_b = prompt(local, 40, "box-a"), prompt(local, 50, "box-b")
         want = [asyncio.run(_collect(local, ids))[0] for ids in (ids_a, ids_b)]
         done_before, busy_before = w.counters.get("done", 0), w.counters.get("busy", 0)
         gate = threading.Event()
