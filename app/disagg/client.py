@@ -2,10 +2,13 @@
 
 It runs its own event loop in a thread ("tandem-kv-client"), so frames are read, verified
 and assembled without touching the step thread, which keeps decoding the other streams.
-Per remote prefill: connect, handshake, PREFILL, then KV frames; a chunk whose frames have
-all arrived verified (each frame's HMAC tag, the layer order, positions and shape checked)
-is handed to the step thread at once (`sink.remote_kv`), so imports overlap the peer's
-compute; DONE's counts are checked against what arrived before `sink.remote_end(ok=True)`.
+Per remote prefill: connect (TCP keepalive on), handshake, PREFILL, then the worker's QUEUE
+frame (the prompts ahead of this one: the policy may send the prompt back here at once,
+`PrefillPolicy.decide_queue`, and the first-frame deadline grows by the predicted wait),
+then KV frames; a chunk whose frames have all arrived verified (each frame's HMAC tag, the
+layer order, positions and shape checked) is handed to the step thread at once
+(`sink.remote_kv`), so imports overlap the peer's compute; DONE's counts are checked
+against what arrived before `sink.remote_end(ok=True)`.
 
 Any failure (refused connection, deadline, handshake or fingerprint mismatch, bad tag, a
 forged or short frame, the peer's ERROR or death) ends the transfer with
@@ -249,7 +252,8 @@ class PrefillClient:
             if frame.type == FrameType.ERROR:
                 raise ProtocolError("peer", f"peer: {frame.header['message']}",
                                     detail=frame.header["code"])
-            if frame.type == FrameType.QUEUE and "queue_tokens" not in stats:
+            if frame.type == FrameType.QUEUE and "queue_tokens" not in stats \
+                    and not stats["frames"]:  # only as the first answer to PREFILL
                 timeout, reason = self._queued(job, request, frame.header, stats), \
                     "first_frame_timeout"
                 continue

@@ -20,6 +20,10 @@ remote to measure the peer and the link ("probe"), then one stays local to measu
 them for people. The estimates outlive the process (`app.disagg.client` keeps them in the
 model store per peer and model), so `tandem run` does not probe every time.
 
+A worker shared by several decode boxes answers each PREFILL with the prompt tokens it
+computes first (its QUEUE frame); `decide_queue` then keeps the prompt remote only while
+that wait, `tokens_ahead / remote_rate`, plus remote_s still beats local_s.
+
 Circuit breaker: after a failure the peer is not tried for `backoff_s`, doubling with each
 consecutive failure up to `max_backoff_s`; a success resets it (the notes' 5 s -> 5 min).
 """
