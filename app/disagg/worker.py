@@ -282,6 +282,11 @@ class PrefillWorker:
             await self._error(writer, key, "prefill", f"start {start} must be in 0..{n - 1} "
                               "and chunk_tokens at least 1")
             return "bad_request"
+        try:
+            self.engine.validate(tokens)  # reads only the model's limits: safe off its thread
+        except ValueError as e:  # out-of-vocabulary ids, too long for this context
+            await self._error(writer, key, "prefill", str(e))
+            return "bad_request"
         self._start_driver()
         job = _Job(f"peer-{next(self._ids)}", h["request"], tokens, start, chunk_tokens,
                    exported=start)
@@ -289,21 +294,17 @@ class PrefillWorker:
         # requests are added to the engine in this order: the executor runs calls in order)
         ahead = [j for j in self._jobs.values() if not j.done]
         self._jobs[job.rid] = job
-        try:
-            await self._run(self._add, job)
-        except ValueError as e:  # out-of-vocabulary ids, too long for this context
-            self._jobs.pop(job.rid, None)
-            await self._error(writer, key, "prefill", str(e))
-            return "bad_request"
-        self._wake.set()
         watcher = asyncio.create_task(self._watch(reader, key, job))
         t0 = time.perf_counter()
         chunks, frames, nbytes = 0, 0, 0
         summary.update(tokens=0, computed=0, bytes=0)
         try:
+            # at once, before the engine (busy with a step) takes the request
             await self._send(writer, encode_parts(FrameType.QUEUE, {
                 "request": job.request, "peers_ahead": len(ahead),
                 "tokens_ahead": sum(j.n - j.progress for j in ahead)}, key=key))
+            await self._run(self._add, job)
+            self._wake.set()
             while not job.gone:
                 while job.chunks and not job.gone:
                     first_pos, kv = job.chunks.popleft()
@@ -332,7 +333,7 @@ class PrefillWorker:
             summary["seconds"] = time.perf_counter() - t0
             watcher.cancel()
             job.chunks.clear()  # a dropped peer's KV is released here
-            if not job.done:
+            if not job.done:  # (never added: abort is a no-op)
                 await self._run(self._abort, job)  # frees its slot; full blocks stay cached
             self._jobs.pop(job.rid, None)
 

@@ -261,3 +261,49 @@ def test_two_decode_boxes_share_one_worker(live, local, embedded_model):
     finally:
         a.shutdown()
         b.shutdown()
+
+
+def test_a_long_queue_sends_the_prompt_back_to_the_decode_box(live, local, embedded_model):
+    from app.disagg.policy import PrefillPolicy
+
+    w = live.worker
+    box = split_engine(embedded_model, live.port)
+    try:
+        client = box.engine.scheduler.remote
+        client.policy = PrefillPolicy(PolicyConfig(mode="auto", min_tokens=1),
+                                      client.policy.bytes_per_token)
+        # this box 50 tok/s, the worker 200 tok/s: a 100-token prompt goes remote (0.5 s
+        # against 2 s here), unless the worker has more than ~200 tokens to compute first
+        client.policy.local_rate, client.policy.remote_rate = 50.0, 200.0
+        ids = prompt(local, 40, "queued-back")[:101]
+        want = asyncio.run(_collect(local, ids))[0]
+        ahead = prompt(local, 130, "ahead")
+        gate = threading.Event()
+        w._executor.submit(gate.wait)  # the prompt ahead is admitted, not computed
+
+        async def run():
+            sock_task = asyncio.create_task(_prefill(live.port, live.fingerprint, ahead,
+                                                     stall=True))
+            await asyncio.to_thread(wait_for, lambda: w.admitted == 1)
+            result = await _collect(box, ids)
+            _, writer = await sock_task
+            writer.transport.abort()  # the prompt ahead is never computed
+            return result
+
+        try:
+            got, m = asyncio.run(run())
+        finally:
+            gate.set()
+        assert got == want
+        info = m.remote_prefill
+        assert (info["remote"], info["reason"], info["ok"], info["failure"]) == (
+            True, "faster", False, "worker_queue")
+        assert (info["queue_peers"], info["queue_tokens"]) == (1, len(ahead))
+        assert info["wait_s"] == pytest.approx(len(ahead) / 200.0)
+        assert client.counters == {"worker_queue": 1}
+        # a queue is not a failure: the breaker stays closed
+        assert client.decide(100, 0)[:2] == (True, "faster")
+        wait_for(lambda: w.admitted == 0 and w.connections == 0)
+        assert (live.engine_stats().running, live.engine_stats().waiting) == (0, 0)
+    finally:
+        box.shutdown()
