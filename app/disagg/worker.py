@@ -371,7 +371,13 @@ class PrefillWorker:
                     await self._run(self._advance, jobs)
                 except Exception as e:  # noqa: BLE001 - the runner's errors end these prompts
                     log.exception("prefill step failed")
-                    await self._run(self._fail, jobs, f"the worker's engine failed: {e}")
+                    message = f"the worker's engine failed: {e}"
+                    for job in jobs:  # before the aborts, which may fail as well
+                        job.error = job.error or message
+                    try:
+                        await self._run(self._fail, jobs)
+                    except Exception:  # noqa: BLE001 - the driver must outlive the engine
+                        log.exception("aborting the failed prompts failed")
                 for job in jobs:
                     job.ready.set()
                     if job.done:
@@ -416,11 +422,10 @@ class PrefillWorker:
         job.aborted = True
         self.engine.abort(job.rid)
 
-    def _fail(self, jobs: list[_Job], message: str) -> None:
+    def _fail(self, jobs: list[_Job]) -> None:
+        """(executor) End the requests of a failed step."""
         for job in jobs:
-            if not job.done:
-                job.error = message
-                self.engine.abort(job.rid)
+            self.engine.abort(job.rid)
 
 
 def transfer_line(outcome: str, summary: dict) -> str:
