@@ -156,7 +156,8 @@ class PrefillWorker:
         self.admitted = 0
         self.peak_admitted = 0
         self._handshaking = 0
-        self._jobs: dict[str, _Job] = {}  # in the engine: queued or computing
+        self._jobs: dict[str, _Job] = {}  # admitted, by request id (event loop's)
+        self._engine_jobs: list[_Job] = []  # whose requests are in the engine (executor's)
         self._wake: asyncio.Event | None = None
         self._driver: asyncio.Task | None = None
         self._ids = itertools.count()
@@ -359,43 +360,36 @@ class PrefillWorker:
     # -- the driver ------------------------------------------------------------------------
 
     async def _drive(self) -> None:
-        """Step the engine while prompts are admitted; wake their connections after each
-        step. An engine failure fails the prompts of that step, not the worker."""
+        """Step the engine while admitted prompts are in it; wake their connections after
+        each step. An engine failure fails the prompts of that step, not the worker."""
         while True:
             await self._wake.wait()
-            while self._jobs:
-                jobs = [j for j in self._jobs.values() if j.added and not j.done]
-                if not jobs:
-                    break
+            self._wake.clear()
+            while any(j.added and not j.done for j in self._jobs.values()):
                 try:
-                    await self._run(self._advance, jobs)
+                    await self._run(self._advance)
                 except Exception as e:  # noqa: BLE001 - the runner's errors end these prompts
                     log.exception("prefill step failed")
-                    message = f"the worker's engine failed: {e}"
-                    for job in jobs:  # before the aborts, which may fail as well
-                        job.error = job.error or message
                     try:
-                        await self._run(self._fail, jobs)
+                        await self._run(self._fail, f"the worker's engine failed: {e}")
                     except Exception:  # noqa: BLE001 - the driver must outlive the engine
                         log.exception("aborting the failed prompts failed")
-                for job in jobs:
+                for job in list(self._jobs.values()):
                     job.ready.set()
-                    if job.done:
-                        self._jobs.pop(job.rid, None)
-            self._wake.clear()
 
-    def _advance(self, jobs: list[_Job]) -> None:
-        """(executor) One engine step, then each job's new KV exported and every completed
-        job's request aborted (its slot freed)."""
+    def _advance(self) -> None:
+        """(executor) One engine step, then each prompt's new KV exported and every
+        completed prompt's request aborted (its slot freed). Every prompt in the engine is
+        seen after every step that may have computed it: a prompt left for the next step
+        would decode past its end and finish, its KV gone."""
         t = time.perf_counter()
         result = self.engine.execute_step()
         now = time.perf_counter()
-        for job in jobs:
-            if job.done:
-                continue
+        for job in list(self._engine_jobs):
             r = self.engine.requests.get(job.rid)
             if r is None:
                 job.error = "the worker's request ended before its prompt was computed"
+                self._engine_jobs.remove(job)
                 continue
             job.computed += len(result.computed.get(job.rid, range(0)))
             upto = min(r.num_computed_tokens, job.n)
@@ -410,20 +404,27 @@ class PrefillWorker:
                 job.exported += m
             if job.exported >= job.n:
                 self.engine.abort(job.rid)
+                self._engine_jobs.remove(job)
                 job.finished = now
 
     def _add(self, job: _Job) -> None:
         """(executor) Its request into the engine. Raises ValueError as `add_request`."""
         self.engine.add_request(job.rid, job.tokens, _PARAMS)
+        self._engine_jobs.append(job)
         job.added = True
 
     def _abort(self, job: _Job) -> None:
         """(executor) The peer is gone: end its request wherever it is."""
         job.aborted = True
         self.engine.abort(job.rid)
+        if job in self._engine_jobs:
+            self._engine_jobs.remove(job)
 
-    def _fail(self, jobs: list[_Job]) -> None:
-        """(executor) End the requests of a failed step."""
+    def _fail(self, message: str) -> None:
+        """(executor) End every request after a failed step (its state is undefined)."""
+        jobs, self._engine_jobs = self._engine_jobs, []
+        for job in jobs:
+            job.error = job.error or message
         for job in jobs:
             self.engine.abort(job.rid)
 
