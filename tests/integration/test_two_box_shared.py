@@ -175,6 +175,16 @@ def test_admissions_beyond_slots_and_queue_get_busy(live):
     tok = w.engine.runner.tokenizer
     gate = threading.Event()
     w._executor.submit(gate.wait)  # hold the engine: admitted prompts pile up
+    add = w.engine.add_request
+
+    def slow_add(*args):
+        # the driver wakes after the first add and steps while the others are still being
+        # added: every prompt in the engine must still be exported after that step (one
+        # left out decoded past its prompt and finished, its KV gone)
+        time.sleep(0.3)
+        return add(*args)
+
+    w.engine.add_request = slow_add
 
     async def four():
         tasks = []
@@ -192,6 +202,7 @@ def test_admissions_beyond_slots_and_queue_get_busy(live):
         results = asyncio.run(four())
     finally:
         gate.set()
+        w.engine.add_request = add
     errors = [last for _, last in results if last.type == FrameType.ERROR]
     assert [(e.header["code"], e.header["message"]) for e in errors] == [
         ("busy", "3 prompts admitted already (the most: 3)")]
