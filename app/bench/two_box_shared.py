@@ -12,8 +12,9 @@ prompts went remote and how many fell back (and why), and fairness:
 
 (Jain's fairness index, R. Jain, D. Chiu, W. Hawe, DEC-TR-301, 1984: 1.0 when every box
 gets the same throughput, 1/P when one gets all of it.) The worker serves prompts in arrival
-order, so in one round the boxes' TTFTs differ by design; over rounds the order varies and
-the index measures whether any box is kept waiting.
+order, so in one round the boxes' TTFTs differ by design; each round rotates which box
+submits first, so over P rounds (or a multiple) the index measures whether any box is kept
+waiting beyond its turn.
 
 On one machine all of them share the cores, so the numbers are no measure of two real boxes;
 on a loaded machine they are noise.
@@ -58,7 +59,10 @@ def measure(boxes, tokenizer, n_tokens: int, rounds: int, tag: int) -> dict:
     outcomes: Counter = Counter()
     for r in range(rounds):
         prompts = [fresh_prompt(tokenizer, n_tokens, tag + 100 * r + i) for i in range(peers)]
-        for i, (ttft, m) in enumerate(asyncio.run(_round(boxes, prompts))):
+        # the box submitted first tends to reach the worker first: rotate who starts
+        order = [(r + k) % peers for k in range(peers)]
+        results = asyncio.run(_round([boxes[i] for i in order], [prompts[i] for i in order]))
+        for i, (ttft, m) in sorted(zip(order, results, strict=True), key=lambda x: x[0]):
             ttfts[i].append(ttft)
             info = m.remote_prefill or {}
             if info.get("ok"):
