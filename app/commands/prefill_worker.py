@@ -23,6 +23,8 @@ from app.commands.engine_flags import (
     THREADS,
     add_engine_args,
     engine_args_from,
+    non_negative_int,
+    positive_int,
 )
 from app.commands.peer_flags import add_secret_arg
 from app.config import check_worker_kv
@@ -30,6 +32,18 @@ from app.disagg.peer import DEFAULT_PORT, check_bind, read_secret
 
 # --kv-cache-type: only f16 until the wire carries q8_0 (refused below, one line)
 FLAGS = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_CACHE_TYPE)
+DEFAULT_MAX_PROMPTS = 2  # a prompt's last chunk shares its step with the next one's first
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,6 +59,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=port_number, default=DEFAULT_PORT,
                    help=f"TCP port (default: {DEFAULT_PORT})")
     add_secret_arg(p)
+    from app.disagg import peer as w
+
+    p.add_argument("--max-prompts", type=positive_int, default=DEFAULT_MAX_PROMPTS,
+                   metavar="N", help="prompts prefilled together, from any decode boxes "
+                   f"(sequence slots; default: {DEFAULT_MAX_PROMPTS})")
+    p.add_argument("--max-queue", type=non_negative_int, default=w.DEFAULT_MAX_QUEUE,
+                   metavar="N", help="prompts allowed to wait beyond --max-prompts; one more "
+                   f"gets `busy` and is prefilled by its decode box (default: "
+                   f"{w.DEFAULT_MAX_QUEUE})")
+    p.add_argument("--max-handshakes", type=positive_int, default=w.DEFAULT_MAX_HANDSHAKES,
+                   metavar="N", help="connections in the handshake at once; more are refused "
+                   f"at once (default: {w.DEFAULT_MAX_HANDSHAKES})")
+    p.add_argument("--write-timeout", type=positive_seconds,
+                   default=w.DEFAULT_WRITE_TIMEOUT_S, metavar="SECONDS",
+                   help="a decode box that takes no frame for this long is dropped and its "
+                   f"prompt freed (default: {w.DEFAULT_WRITE_TIMEOUT_S:g})")
     p.add_argument("--log-level", default="info", choices=("error", "warning", "info", "debug"),
                    help="log level (default: info)")
     p.set_defaults(func=run)
@@ -56,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         secret = read_secret(args.secret_file)
         check_bind(args.host, secret)
-        engine_args = engine_args_from(args, FLAGS, runner__max_seqs=1)
+        engine_args = engine_args_from(args, FLAGS, runner__max_seqs=args.max_prompts)
         check_worker_kv(engine_args)
     except ValueError as exc:
         print(f"tandem prefill-worker: {exc}", file=sys.stderr)
@@ -75,7 +105,9 @@ async def _serve(args, engine_args, secret: bytes) -> int:
 
     engine, path = load_prefill_engine(engine_args)
     worker = PrefillWorker(engine, model_fingerprint(path), secret,
-                           threads=getattr(engine.runner, "n_threads", None))
+                           threads=getattr(engine.runner, "n_threads", None),
+                           max_queue=args.max_queue, max_handshakes=args.max_handshakes,
+                           write_timeout_s=args.write_timeout)
     try:
         try:
             server = await worker.serve(args.host, args.port)

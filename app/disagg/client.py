@@ -2,10 +2,13 @@
 
 It runs its own event loop in a thread ("tandem-kv-client"), so frames are read, verified
 and assembled without touching the step thread, which keeps decoding the other streams.
-Per remote prefill: connect, handshake, PREFILL, then KV frames; a chunk whose frames have
-all arrived verified (each frame's HMAC tag, the layer order, positions and shape checked)
-is handed to the step thread at once (`sink.remote_kv`), so imports overlap the peer's
-compute; DONE's counts are checked against what arrived before `sink.remote_end(ok=True)`.
+Per remote prefill: connect (TCP keepalive on), handshake, PREFILL, then the worker's QUEUE
+frame (the prompts ahead of this one: the policy may send the prompt back here at once,
+`PrefillPolicy.decide_queue`, and the first-frame deadline grows by the predicted wait),
+then KV frames; a chunk whose frames have all arrived verified (each frame's HMAC tag, the
+layer order, positions and shape checked) is handed to the step thread at once
+(`sink.remote_kv`), so imports overlap the peer's compute; DONE's counts are checked
+against what arrived before `sink.remote_end(ok=True)`.
 
 Any failure (refused connection, deadline, handshake or fingerprint mismatch, bad tag, a
 forged or short frame, the peer's ERROR or death) ends the transfer with
@@ -31,6 +34,7 @@ from typing import Protocol
 import numpy as np
 
 from app.disagg.handshake import client_handshake
+from app.disagg.keepalive import set_keepalive
 from app.disagg.peer import PeerConfig, cpu_threads, is_this_host, thread_warning
 from app.disagg.policy import PrefillPolicy
 from app.disagg.wire import (
@@ -202,6 +206,7 @@ class PrefillClient:
                 sock = writer.get_extra_info("socket")
                 if sock is not None:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    set_keepalive(sock)
                 session = await client_handshake(reader, writer, p.secret, self.fingerprint,
                                                  cpu_threads(p.threads))
         except TimeoutError:
@@ -211,9 +216,14 @@ class PrefillClient:
         key = conn.key = session.key
         stats["setup_s"] = time.perf_counter() - t0
         n_layers, heads, dim = self.shape
-        await write_frame(writer, encode_parts(FrameType.PREFILL, {
-            "request": request, "start": job.start, "tokens": job.token_ids,
-            "chunk_tokens": p.policy.chunk_tokens}, key=key))
+        try:  # a worker that stops reading cannot hold this transfer either
+            async with asyncio.timeout(p.first_frame_timeout_s):
+                await write_frame(writer, encode_parts(FrameType.PREFILL, {
+                    "request": request, "start": job.start, "tokens": job.token_ids,
+                    "chunk_tokens": p.policy.chunk_tokens}, key=key))
+        except TimeoutError:
+            raise _Deadline("first_frame_timeout", f"the peer took no prompt within "
+                            f"{p.first_frame_timeout_s} s") from None
         t_sent = time.perf_counter()
         pos, chunk, layers = job.start, 0, []
         arrivals: list[tuple[float, int]] = []  # (seconds since PREFILL, bytes)
@@ -242,6 +252,11 @@ class PrefillClient:
             if frame.type == FrameType.ERROR:
                 raise ProtocolError("peer", f"peer: {frame.header['message']}",
                                     detail=frame.header["code"])
+            if frame.type == FrameType.QUEUE and "queue_tokens" not in stats \
+                    and not stats["frames"]:  # only as the first answer to PREFILL
+                timeout, reason = self._queued(job, request, frame.header, stats), \
+                    "first_frame_timeout"
+                continue
             if frame.type == FrameType.DONE:
                 self._check_done(frame.header, request, stats, pos, len(job.token_ids),
                                  bool(layers))
@@ -280,6 +295,30 @@ class PrefillClient:
         stats["transfer_s"] = done
         _derive(stats, arrivals, burst_bps, done)
 
+    def _queued(self, job: RemoteJob, request: int, h: dict, stats: dict) -> float:
+        """The worker's QUEUE frame: ask the policy whether to wait for the prompts ahead
+        (raises _Deadline("worker_queue") if this box prefills sooner; the closed connection
+        frees the place) and return the deadline for the first KV frame: the fixed one plus
+        twice the predicted wait and first chunk (with no measured speed yet, the fixed one
+        once more per prompt ahead)."""
+        if h["request"] != request:
+            raise ProtocolError("sequence", f"QUEUE for request {h['request']}, expected "
+                                f"{request}")
+        stats["queue_peers"], stats["queue_tokens"] = h["peers_ahead"], h["tokens_ahead"]
+        n_total = len(job.token_ids)
+        go, numbers = self.policy.decide_queue(n_total, n_total - job.start,
+                                               h["tokens_ahead"])
+        stats.update(numbers)
+        if not go:
+            raise _Deadline("worker_queue", f"{h['peers_ahead']} prompts ahead on the worker "
+                            f"({h['tokens_ahead']} tokens): prefilling here is sooner")
+        p = self.peer
+        rate = self.policy.remote_rate
+        if rate is None:
+            return p.first_frame_timeout_s * (1 + h["peers_ahead"])
+        first_chunk = min(n_total, p.policy.chunk_tokens) / rate
+        return p.first_frame_timeout_s + 2 * (first_chunk + numbers["wait_s"])
+
     def _check_threads(self, peer_threads: int | None) -> None:
         """Warn once if the worker shares this machine and the two over-subscribe it."""
         if self._threads_checked or not self.same_host or peer_threads is None:
@@ -316,11 +355,13 @@ def _derive(stats: dict, arrivals: list[tuple[float, int]], burst_bps: list[floa
     back, so this is the link, not the compute). overlap: the fraction of the serial transfer
     time (bytes / link) hidden behind the worker's compute, 1 - exposed / serial, where
     exposed is DONE's arrival minus the end of the worker's prefill (shared/notes/two-box.md
-    §6 metrics)."""
+    §6 metrics). A prompt that waited behind others on the worker (`queue_tokens` > 0) gets
+    neither overlap nor first_frame_fraction: the worker's prefill time excludes its wait,
+    which this side does not know."""
     if burst_bps:
         stats["link_gbps"] = float(np.median(burst_bps)) / 1e9
     worker = stats.get("worker_prefill_s")
-    if worker is None or not stats["bytes"]:
+    if worker is None or not stats["bytes"] or stats.get("queue_tokens"):
         return
     stats["exposed_s"] = max(0.0, done - worker)
     stats["first_frame_fraction"] = stats["first_frame_s"] / worker if worker else None

@@ -19,6 +19,11 @@ from app.disagg.policy import PolicyConfig
 
 MIN_SECRET_BYTES = 16
 DEFAULT_PORT = 7070
+# the worker's limits (`tandem prefill-worker` flags; docs/two-box.md, "Deadlines")
+DEFAULT_MAX_QUEUE = 4  # prompts admitted beyond its slots
+DEFAULT_MAX_HANDSHAKES = 8  # connections in the handshake at once
+DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0  # connect to PREFILL received
+DEFAULT_WRITE_TIMEOUT_S = 10.0  # the most a peer may take to accept one frame
 SECRET_HINT = ("create one with: (umask 077; python -c \"import secrets; "
                "print(secrets.token_hex(32))\" > tandem-peer.secret), and copy the file to "
                "both machines")

@@ -20,6 +20,10 @@ remote to measure the peer and the link ("probe"), then one stays local to measu
 them for people. The estimates outlive the process (`app.disagg.client` keeps them in the
 model store per peer and model), so `tandem run` does not probe every time.
 
+A worker shared by several decode boxes answers each PREFILL with the prompt tokens it
+computes first (its QUEUE frame); `decide_queue` then keeps the prompt remote only while
+that wait, `tokens_ahead / remote_rate`, plus remote_s still beats local_s.
+
 Circuit breaker: after a failure the peer is not tried for `backoff_s`, doubling with each
 consecutive failure up to `max_backoff_s`; a success resets it (the notes' 5 s -> 5 min).
 """
@@ -125,6 +129,25 @@ class PrefillPolicy:
             go = remote * MARGIN < local
             return go, "faster" if go else "local_faster", numbers
 
+    def decide_queue(self, n_total: int, n_uncached: int, tokens_ahead: int
+                     ) -> tuple[bool, dict]:
+        """(stay remote?, numbers) once the worker has said, in its QUEUE frame, how many
+        prompt tokens of other prompts it computes before this one: in "auto" with both
+        prefill rates known, remote stays only while `wait_s + remote_s` (wait_s =
+        tokens_ahead / remote_rate) is predicted MARGIN faster than `local_s`; otherwise
+        (mode "always", a rate still unknown, nothing ahead) it stays. numbers: "wait_s"
+        (when a rate is known), "local_s" and "remote_s" (when compared)."""
+        with self._lock:
+            if self.remote_rate is None:
+                return True, {}
+            wait = tokens_ahead / self.remote_rate
+            numbers: dict = {"wait_s": wait}
+            if self.config.mode == "always" or not tokens_ahead or self.local_rate is None:
+                return True, numbers
+            local, remote = self.predict(n_total, n_uncached)
+            numbers.update(local_s=local, remote_s=wait + remote)
+            return (wait + remote) * MARGIN < local, numbers
+
     def remote_from(self, max_tokens: int) -> int | None:
         """In "auto", the fewest uncached tokens (no prefix cached, at least min_tokens) from
         which the current estimates send a prompt remote, or None when no prompt up to
@@ -165,7 +188,7 @@ class PrefillPolicy:
         """A remote prefill succeeded: fold in its measurements (`client.TransferStats`
         keys) and close the breaker."""
         with self._lock:
-            if stats.get("worker_prefill_s", 0) > 0:
+            if stats.get("worker_prefill_s", 0) > 0 and stats.get("worker_tokens", 0) > 0:
                 self.remote_rate = _ewma(self.remote_rate,
                                          stats["worker_tokens"] / stats["worker_prefill_s"])
             if stats.get("setup_s") is not None:
@@ -183,8 +206,8 @@ class PrefillPolicy:
 
     def observe_failure(self, reason: str) -> None:
         """A remote prefill failed: open the breaker for a growing interval. A busy peer is
-        not a failure: it only says to try later."""
-        if reason == "busy":
+        not a failure, nor one whose queue is too long: they only say to try later."""
+        if reason in ("busy", "worker_queue"):
             return
         with self._lock:
             backoff = min(self.config.backoff_s * 2 ** self.failures, self.config.max_backoff_s)

@@ -45,6 +45,7 @@ class FrameType(IntEnum):
     KV = 7
     DONE = 8
     CANCEL = 9
+    QUEUE = 10
 
 
 _INT, _STR, _BIN, _MAP, _INTS = "int", "str", "bin", "map", "ints"
@@ -61,6 +62,7 @@ SCHEMAS: dict[FrameType, dict[str, str]] = {
     FrameType.DONE: {"request": _INT, "chunks": _INT, "frames": _INT, "bytes": _INT,
                      "computed": _INT, "prefill_us": _INT},
     FrameType.CANCEL: {"request": _INT},
+    FrameType.QUEUE: {"request": _INT, "peers_ahead": _INT, "tokens_ahead": _INT},
 }
 
 

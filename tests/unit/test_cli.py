@@ -220,6 +220,20 @@ def test_prefill_worker_off_loopback_needs_a_secret(tmp_path) -> None:
     assert f"the secret in {short} is 8 bytes; at least 16 are needed" in r.stderr
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--write-timeout", "0"], "argument --write-timeout: expected seconds > 0, got '0'"),
+    (["--max-prompts", "0"], "argument --max-prompts: expected a positive integer, got 0"),
+    (["--max-queue", "-1"], "argument --max-queue: expected an integer >= 0, got -1"),
+    (["--max-handshakes", "x"], "argument --max-handshakes: expected a positive integer, "
+                                "got 'x'"),
+])
+def test_prefill_worker_limits_are_checked(flags, message) -> None:
+    r = tandem("prefill-worker", *flags)
+    assert r.returncode == 2
+    assert r.stderr == (f"tandem prefill-worker: error: {message}\n"
+                        "see `tandem prefill-worker --help`\n")
+
+
 @pytest.mark.parametrize("command", [("prefill-worker",), ("run", "--prefill-peer", "10.0.0.2",
                                                            "hello")])
 def test_a_world_readable_secret_is_refused_on_both_sides(tmp_path, command) -> None:

@@ -149,3 +149,31 @@ def test_parse_peer(text, parsed):
 def test_parse_peer_errors(text):
     with pytest.raises(PeerConfigError, match="--prefill-peer must be HOST or HOST:PORT"):
         parse_peer(text)
+
+
+def test_the_workers_queue_sends_a_prompt_back_when_waiting_is_slower():
+    p, _ = policy(chunk_tokens=512)
+    # unknown worker speed: it stays (the probe measures it)
+    assert p.decide_queue(2000, 2000, 5000) == (True, {})
+    p.observe_local(1000, 2.0)  # 500 tok/s here
+    p.observe_remote({"worker_prefill_s": 0.5, "worker_tokens": 1000})  # 2000 tok/s there
+    # local 4 s; remote 1 s (no link or import measured); 2000 tokens ahead wait 1 s:
+    # 2 s * MARGIN 1.1 < 4 s, it stays
+    go, numbers = p.decide_queue(2000, 2000, 2000)
+    assert go and numbers == {"wait_s": 1.0, "local_s": 4.0, "remote_s": 2.0}
+    # 6000 tokens ahead wait 3 s: 4 s * 1.1 remote, slower than 4 s here
+    go, numbers = p.decide_queue(2000, 2000, 6000)
+    assert not go and (numbers["wait_s"], numbers["remote_s"]) == (3.0, 4.0)
+    # a queue is not a failure: the breaker stays closed
+    p.observe_failure("worker_queue")
+    assert p.decide(2000, 0) == (True, "faster")
+    # --prefill-policy always waits whatever the queue
+    q, _ = policy(mode="always")
+    q.observe_remote({"worker_prefill_s": 0.5, "worker_tokens": 1000})
+    assert q.decide_queue(2000, 2000, 10**6) == (True, {"wait_s": 500.0})
+
+
+def test_a_transfer_that_computed_nothing_is_no_speed():
+    p, _ = policy()
+    p.observe_remote({"worker_prefill_s": 0.01, "worker_tokens": 0})  # all in its cache
+    assert p.remote_rate is None

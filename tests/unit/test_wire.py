@@ -35,9 +35,20 @@ def _join(parts) -> bytes:
     return b"".join(bytes(p) for p in parts)
 
 
+# QUEUE {request 7, peers_ahead 1, tokens_ahead 300}: type 10, header 39 bytes, no payload
+GOLDEN_QUEUE = bytes.fromhex(
+    "54444b56010a0000" "27000000" "0000000000000000"
+    "83a77265717565737407ab70656572735f616865616401ac746f6b656e735f6168656164cd012c"
+    "3a77a7edbdd7ee1aabd9152fea496288")
+
+
 def test_golden_vectors():
     assert _join(wire.encode_kv(CHUNK, KEY)) == GOLDEN_KV
     assert wire.encode(FrameType.READY, {}, key=KEY) == GOLDEN_READY
+    queue = {"request": 7, "peers_ahead": 1, "tokens_ahead": 300}
+    assert wire.encode(FrameType.QUEUE, queue, key=KEY) == GOLDEN_QUEUE
+    frame, used = wire.decode(GOLDEN_QUEUE, KEY)
+    assert (frame.type, frame.header, used) == (FrameType.QUEUE, queue, len(GOLDEN_QUEUE))
     frame, used = wire.decode(GOLDEN_KV + b"next", KEY)
     assert used == len(GOLDEN_KV)
     got = wire.decode_kv(frame)
