@@ -280,6 +280,8 @@ async def mutated_session(t: Target, stage: str, kind: str, seed: int,
                 if stage == "stream":
                     writer.writelines(encode_parts(FrameType.PREFILL, h.prefill(), key=key))
                     first = await _read_any(reader, (key,))
+                    if first.type == FrameType.QUEUE:  # the worker's first answer (queue)
+                        first = await _read_any(reader, (key,))
                     if first.type != FrameType.KV:
                         return Session(first.type.name, "honest PREFILL got no KV")
         frame_key = key if stage in ("prefill", "stream") else b""  # handshake frames: b""
@@ -323,6 +325,8 @@ async def honest_session(t: Target, timeout: float = 120.0) -> tuple[str, str | 
                 f = await _read(reader, key)
                 if f.type == FrameType.DONE:
                     break
+                if f.type == FrameType.QUEUE and frames == 0:  # where the prompt queues
+                    continue
                 if f.type != FrameType.KV:
                     return "", f"expected KV or DONE, got {f.type.name} {f.header}"
                 kv = wire.decode_kv(f)
