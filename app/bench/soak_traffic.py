@@ -218,19 +218,8 @@ async def responses(c: Client) -> None:
         if reply.get("status") not in ("completed", "incomplete"):
             raise Failed(f"response status {reply.get('status')!r}")
         return
-    async with c.http.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
-        if r.status_code != 200:
-            _check_status(r, await r.aread())
-        async for line in _lines(r):
-            data = _sse_data(line)
-            if data is None:
-                continue
-            kind = json.loads(data).get("type")
-            if kind in ("error", "response.failed"):
-                raise Failed(f"responses stream: {data[:200]}")
-            if kind in ("response.completed", "response.incomplete"):
-                return
-    raise Failed("responses stream ended without response.completed")
+    await _typed_stream(c, "/v1/responses", body, ("error", "response.failed"),
+                        ("response.completed", "response.incomplete"))
 
 
 async def anthropic(c: Client) -> None:
@@ -243,7 +232,14 @@ async def anthropic(c: Client) -> None:
         if reply.get("type") != "message" or reply.get("stop_reason") is None:
             raise Failed(f"messages reply: {json.dumps(reply)[:200]}")
         return
-    async with c.http.stream("POST", "/v1/messages", json={**body, "stream": True}) as r:
+    await _typed_stream(c, "/v1/messages", body, ("error",), ("message_stop",))
+
+
+async def _typed_stream(c: Client, path: str, body: dict, failed: tuple[str, ...],
+                        done: tuple[str, ...]) -> None:
+    """Stream `body` to `path` (an API whose SSE events carry a `type`): returns at an event
+    of a `done` type; raises Failed at a `failed` one, or when the stream ends first."""
+    async with c.http.stream("POST", path, json={**body, "stream": True}) as r:
         if r.status_code != 200:
             _check_status(r, await r.aread())
         async for line in _lines(r):
@@ -251,11 +247,11 @@ async def anthropic(c: Client) -> None:
             if data is None:
                 continue
             kind = json.loads(data).get("type")
-            if kind == "error":
-                raise Failed(f"messages stream: {data[:200]}")
-            if kind == "message_stop":
+            if kind in failed:
+                raise Failed(f"{path} stream: {data[:200]}")
+            if kind in done:
                 return
-    raise Failed("messages stream ended without message_stop")
+    raise Failed(f"{path} stream ended without {done[0]}")
 
 
 async def ollama(c: Client) -> None:
