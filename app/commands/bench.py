@@ -54,6 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "benchmark (json-schema,free: constrained vs unconstrained, forced "
                         "drafts on and off, under --spec; app/bench/structured.py) "
                         "(default: none)")
+    p.add_argument("--formats", default=None, metavar="FORMAT,...",
+                   help="with --workload (speculative): also run the model requantized to "
+                        "these weight formats (q8_0, q4_0, f16; made with `tandem models "
+                        "convert` if missing) and report each cell's tokens/s against the "
+                        "fastest plain (off) format (default: the model's own format only)")
     p.add_argument("--url", help="benchmark an OpenAI-compatible server instead (HTTP; "
                    "default: the engine in-process)")
     p.add_argument("--api-key", default=None,
@@ -209,32 +214,60 @@ def _http(args: argparse.Namespace, levels: list[int]) -> list[dict]:
     return results
 
 
-def _spec(args: argparse.Namespace, levels: list[int]) -> int:
-    from app.bench.spec import WORKLOADS, plot_frontier, run_spec_bench
-    from app.bench.structured import WORKLOADS as STRUCTURED
-    from app.engine.config import SpecConfig
+def _converted(path: Path, to: str) -> Path:
+    """`path` requantized to `to` in the store, made now if missing (ValueError for an
+    unknown format)."""
+    from backends.llamacpp.quantize import TARGETS, quantize_gguf
+    from models.store import gguf_conversion_path
+
+    if to not in TARGETS:
+        raise ValueError(f"--formats: unknown format {to!r}; choose among {', '.join(TARGETS)}")
+    out = gguf_conversion_path(path, to)
+    if not out.is_file():
+        print(f"tandem: requantizing {path.name} to {to} (tandem models convert)...",
+              file=sys.stderr)
+        try:
+            quantize_gguf(path, out, to)
+        except RuntimeError as exc:  # llama.cpp's quantizer refused: a user error here
+            raise ValueError(str(exc)) from None
+    return out
+
+
+def format_summary(rows: list[dict]) -> list[dict]:
+    """One row per (workload, concurrency, format, mode) of a `--formats` run: its decode
+    tok/s against the fastest plain (`off`) format of the same cell, `vs_best_plain`."""
+    from app.bench.stats import ratio
+
+    best: dict[tuple, float] = {}
+    for r in rows:
+        if r["mode"] == "off":
+            key = (r["workload"], r["concurrency"])
+            best[key] = max(best.get(key, 0.0), r["decode_tok_s"])
+    return [{"summary": "formats", "workload": r["workload"], "concurrency": r["concurrency"],
+             "format": r["format"], "mode": r["mode"], "decode_tok_s": r["decode_tok_s"],
+             "vs_best_plain": ratio(r["decode_tok_s"], best[(r["workload"], r["concurrency"])])}
+            for r in rows]
+
+
+def _spec_model(args: argparse.Namespace, path: Path, levels: list[int], workloads: list[str],
+                modes: list[str], structured: bool, fmt: str | None) -> list[dict] | None:
+    """The speculative (or structured) benchmark on one model file: prints its rows (with
+    `format` when `fmt` is given) and returns them; None after the structured benchmark,
+    which prints its own."""
+    from app.bench.spec import run_spec_bench
     from app.spec_profile import step_time_curve
     from backends.base import RunnerConfig
     from backends.loader import load_runner
-    from models.store import resolve_model
 
-    workloads = [w for w in args.workload.split(",") if w]
-    structured = any(w in STRUCTURED for w in workloads)
-    known = ("free", *STRUCTURED) if structured else WORKLOADS
-    if any(w not in known for w in workloads):
-        return fail(f"--workload must be among {', '.join(WORKLOADS)}, or among "
-                    f"{', '.join(('free', *STRUCTURED))}")
-    modes = [m for m in args.spec.split(",") if m and m != "off"]
-    try:
-        for m in modes:
-            SpecConfig(mode=m, num_draft_tokens=args.num_draft_tokens)
-        path = resolve_model(args.model)
-        # the split layout: output independent of batch shape, so every mode's tokens match
-        runner_config = RunnerConfig(max_seqs=max(levels), seq_tokens=2048, kv_layout="split",
-                                     n_threads=args.threads, kv_cache_type=args.kv_cache_type)
-        runner, backend = load_runner(path, backend=args.backend, config=runner_config)
-    except user_errors() as exc:
-        return fail(str(exc))
+    # the split layout: output independent of batch shape, so every mode's tokens match
+    runner_config = RunnerConfig(max_seqs=max(levels), seq_tokens=2048, kv_layout="split",
+                                 n_threads=args.threads, kv_cache_type=args.kv_cache_type)
+    runner, backend = load_runner(path, backend=args.backend, config=runner_config)
+    tag = {"format": fmt} if fmt else {}
+
+    def emit(row: dict) -> None:
+        print(json.dumps({**tag, **row}), flush=True)
+
     draft_runner = None
     try:
         if structured:  # measured now, beside the cells it drives (the cache is not touched)
@@ -244,37 +277,77 @@ def _spec(args: argparse.Namespace, levels: list[int]) -> int:
             curve, cached = StepTimeCurve(measure_step_times(runner)), False
         else:
             curve, cached = step_time_curve(runner, path, backend)
-        print(json.dumps({"step_time_ratios": curve.ratios(), "t1_ms": round(curve(1) * 1e3, 2),
-                          "cached": cached}), flush=True)
+        emit({"step_time_ratios": curve.ratios(), "t1_ms": round(curve(1) * 1e3, 2),
+              "cached": cached})
         draft = None
         if args.draft_model:
             from app.config import EngineArgs
             from app.loader import load_draft
 
             draft_runner, draft_path = load_draft(
-                EngineArgs(args.model, runner=runner_config, draft_model=args.draft_model),
+                EngineArgs(str(path), runner=runner_config, draft_model=args.draft_model),
                 runner, backend)
             draft_curve, _ = step_time_curve(draft_runner, draft_path, backend)
-            print(json.dumps({"draft_step_time_ratios": draft_curve.ratios(),
-                              "draft_t1_ms": round(draft_curve(1) * 1e3, 2)}), flush=True)
+            emit({"draft_step_time_ratios": draft_curve.ratios(),
+                  "draft_t1_ms": round(draft_curve(1) * 1e3, 2)})
             draft = (draft_runner, draft_curve)
         if structured:
             from app.bench.structured import run_structured_bench
 
-            if len(modes) > 1:
-                return fail("the structured-output benchmark takes one --spec mode")
             run_structured_bench(runner, curve, workloads, levels, modes[0] if modes else "off",
-                                 args.max_tokens, emit=lambda r: print(json.dumps(r), flush=True))
-            return 0
-        results = run_spec_bench(runner, curve, workloads, levels, modes, args.max_tokens,
-                                 emit=lambda r: print(json.dumps(r), flush=True), draft=draft)
-    except user_errors() as exc:
-        return fail(str(exc))
+                                 args.max_tokens, emit=emit)
+            return None
+        rows = run_spec_bench(runner, curve, workloads, levels, modes, args.max_tokens,
+                              emit=emit, draft=draft)
+        return [{**tag, **r} for r in rows]
     finally:
         runner.close()
         if draft_runner is not None:
             draft_runner.close()
-    if args.png:
+
+
+def _spec(args: argparse.Namespace, levels: list[int]) -> int:
+    from app.bench.charts import model_and_format
+    from app.bench.spec import WORKLOADS, plot_frontier
+    from app.bench.structured import WORKLOADS as STRUCTURED
+    from app.engine.config import SpecConfig
+    from models.store import resolve_model
+
+    workloads = [w for w in args.workload.split(",") if w]
+    structured = any(w in STRUCTURED for w in workloads)
+    known = ("free", *STRUCTURED) if structured else WORKLOADS
+    if any(w not in known for w in workloads):
+        return fail(f"--workload must be among {', '.join(WORKLOADS)}, or among "
+                    f"{', '.join(('free', *STRUCTURED))}")
+    modes = [m for m in args.spec.split(",") if m and m != "off"]
+    formats = [f for f in (args.formats or "").split(",") if f]
+    if formats and structured:
+        return fail("--formats is for the speculative workloads (code-edit, prediction, free)")
+    if structured and len(modes) > 1:
+        return fail("the structured-output benchmark takes one --spec mode")
+    if formats and args.png:
+        return fail("--png draws one format's cells; leave it out with --formats")
+    try:
+        for m in modes:
+            SpecConfig(mode=m, num_draft_tokens=args.num_draft_tokens)
+        path = resolve_model(args.model)
+        paths = [path, *(_converted(path, f) for f in formats)]
+    except user_errors() as exc:
+        return fail(str(exc))
+    results = []
+    for p in paths:
+        fmt = model_and_format(p)[1].removeprefix("GGUF ") if formats else None
+        try:
+            rows = _spec_model(args, p, levels, workloads, modes, structured, fmt)
+        except user_errors() as exc:
+            return fail(str(exc))
+        if rows is None:  # the structured benchmark printed its rows
+            return 0
+        results += rows
+    if formats:
+        for row in format_summary(results):
+            print(json.dumps(row), flush=True)
+    if args.png and not formats:
         plot_frontier(results, args.png, chart_context(args))
         print(f"tandem: chart: {args.png}", file=sys.stderr)
     return 0
