@@ -216,7 +216,8 @@ def _format_advice(w: dict[str, Any]) -> str:
     else:
         cost = ("per-token dot products: a verify step costs about as many one-token steps "
                 "as it has tokens; `tandem models convert MODEL --to q8_0` gives cheap verify "
-                "steps in a larger file: compare both with `tandem bench --workload`")
+                "steps in a larger file: compare with `tandem bench --workload prediction "
+                "--formats q8_0`")
     return f"{fmt} ({cost})" + (f"; converted: {copies}" if copies else "")
 
 
