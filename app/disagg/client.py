@@ -243,6 +243,12 @@ class PrefillClient:
                 raise _Deadline(reason, f"no frame from the peer within {timeout:.1f} s") \
                     from None
             now = time.perf_counter() - t_sent
+            if frame.type == FrameType.QUEUE and "queue_tokens" not in stats \
+                    and not stats["frames"]:  # only as the first answer to PREFILL
+                timeout, reason = self._queued(job, request, frame.header, stats), \
+                    "first_frame_timeout"
+                last_chunk_at = now  # the queue wait is not a chunk's compute time
+                continue
             if not layers:  # a chunk starts: the worker computed it since the last one
                 slowest_chunk = max(slowest_chunk, now - last_chunk_at)
                 last_chunk_at = now
@@ -252,11 +258,6 @@ class PrefillClient:
             if frame.type == FrameType.ERROR:
                 raise ProtocolError("peer", f"peer: {frame.header['message']}",
                                     detail=frame.header["code"])
-            if frame.type == FrameType.QUEUE and "queue_tokens" not in stats \
-                    and not stats["frames"]:  # only as the first answer to PREFILL
-                timeout, reason = self._queued(job, request, frame.header, stats), \
-                    "first_frame_timeout"
-                continue
             if frame.type == FrameType.DONE:
                 self._check_done(frame.header, request, stats, pos, len(job.token_ids),
                                  bool(layers))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -286,6 +287,15 @@ class ModelPool:
             self._waiting -= 1
             self._notify()  # a model nobody waits for any more may be unloaded
 
+    def stop(self, requested: str | None) -> None:
+        """`ollama stop` (an empty request with `keep_alive: 0`): unload the model now if it
+        is loaded and idle, else once its running requests end; one not loaded is not loaded.
+        Raises APIError 404 for an unknown name."""
+        slot = self.slot(requested)
+        slot.keep_alive = 0
+        if slot.engine is not None and not slot.leases and not slot.waiters:
+            self._unload(slot, "stopped (keep_alive 0)")
+
     def _lease(self, slot: Slot, keep_alive: float | None | str) -> Lease:
         slot.leases += 1
         slot.last_used = time.monotonic()
@@ -500,6 +510,9 @@ class ModelLeases:
                 lease.release()
 
 
+GO_MAX_DURATION_S = (2**63 - 1) / 1e9
+
+
 def keep_alive_seconds(value: Any) -> float | None | str:
     """Ollama's `keep_alive` as seconds: a number is seconds, a string a Go duration
     ("5m", "1h30m", "-1s"); negative means forever (None), 0 unload after the reply;
@@ -510,8 +523,11 @@ def keep_alive_seconds(value: Any) -> float | None | str:
     try:
         seconds = float(value) if not isinstance(value, str) else parse_duration(value)
     except ValueError:
-        raise bad_request(f'time: invalid duration "{value}"', "keep_alive") from None
-    return None if seconds < 0 else seconds
+        seconds = math.nan
+    if math.isnan(seconds):
+        raise bad_request(f'time: invalid duration "{value}"', "keep_alive")
+    # past Go's longest duration (2^63 - 1 ns) Ollama keeps the model: forever
+    return None if seconds < 0 or seconds > GO_MAX_DURATION_S else seconds
 
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}

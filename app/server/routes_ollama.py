@@ -144,13 +144,25 @@ async def show(request: Request, ctx: Ctx) -> dict[str, Any]:
             "modified_at": f.listing("")["modified_at"]}
 
 
-def _load_reply(model: str, chat: bool) -> dict[str, Any]:
+def _load_reply(model: str, chat: bool, reason: str = "load") -> dict[str, Any]:
+    """Ollama's answer to an empty request: the model loaded ("load") or, with
+    `keep_alive: 0`, unloaded ("unload")."""
     body: dict[str, Any] = {"model": model, "created_at": now_iso()}
     if chat:
         body["message"] = {"role": "assistant", "content": ""}
     else:
         body["response"] = ""
-    return {**body, "done": True, "done_reason": "load"}
+    return {**body, "done": True, "done_reason": reason}
+
+
+def _stops(ctx: Any, model: str, keep_alive: Any, empty: bool) -> bool:
+    """An empty request with `keep_alive: 0` on a pool (`ollama stop`): unload without
+    loading first. True when it did."""
+    pool = getattr(ctx, "pool", None)
+    if pool is None or not empty or keep_alive != 0:
+        return False
+    pool.stop(model)
+    return True
 
 
 @router.post("/api/chat", responses=STREAMED_NDJSON,
@@ -160,7 +172,10 @@ async def chat(request: Request, ctx: Ctx) -> Response:
     body = await parse_body(request, OllamaChatRequest)
     model = resolve(ctx, body.model)
     check_common(body)
-    ctx = await model_context(request, ctx, body.model, keep_alive_seconds(body.keep_alive))
+    keep_alive = keep_alive_seconds(body.keep_alive)
+    if _stops(ctx, body.model, keep_alive, not body.messages):
+        return JSONResponse(_load_reply(model, chat=True, reason="unload"))
+    ctx = await model_context(request, ctx, body.model, keep_alive)
     if not body.messages:
         return JSONResponse(_load_reply(model, chat=True))
     messages = template_messages(body.messages, model)
@@ -188,7 +203,10 @@ async def generate(request: Request, ctx: Ctx) -> Response:
     body = await parse_body(request, OllamaGenerateRequest)
     model = resolve(ctx, body.model)
     check_common(body)
-    ctx = await model_context(request, ctx, body.model, keep_alive_seconds(body.keep_alive))
+    keep_alive = keep_alive_seconds(body.keep_alive)
+    if _stops(ctx, body.model, keep_alive, not (body.prompt or body.suffix)):
+        return JSONResponse(_load_reply(model, chat=False, reason="unload"))
+    ctx = await model_context(request, ctx, body.model, keep_alive)
     refuse_images(body.images, model, "images")
     for name in ("width", "height", "steps"):
         if getattr(body, name) is not None:

@@ -162,6 +162,23 @@ def test_keep_alive(url: str) -> None:
     assert entry["name"] == f"{DEFAULT}:latest" and entry["expires_at"].startswith("2318-")
 
 
+def test_ollama_stop_unloads_without_loading(url: str) -> None:
+    def names() -> list[str]:
+        return [m["name"] for m in httpx.get(f"{url}/api/ps", timeout=10).json()["models"]]
+
+    r = httpx.post(f"{url}/api/chat", json={"model": "smol-twin", "messages": ASK,
+                                           "stream": False, "keep_alive": 1e13,
+                                           "options": {"num_predict": 2}}, timeout=120)
+    assert r.status_code == 200
+    # past Go's longest duration: kept forever, and listed (no overflow)
+    assert "smol-twin:latest" in names()
+    for route, extra in (("/api/generate", {}), ("/api/chat", {"messages": []})):
+        r = httpx.post(f"{url}{route}", json={"model": "smol-twin", "keep_alive": 0, **extra},
+                       timeout=120)
+        assert (r.status_code, r.json()["done_reason"]) == (200, "unload")
+        until(lambda: "smol-twin:latest" not in names(), "ollama stop unloads smol-twin")
+
+
 def test_a_model_that_fails_to_load_is_a_clear_error(url: str, store: Path) -> None:
     path = store / "models" / "broken.gguf"
     message = (f"The model `broken` could not be loaded: llama.cpp could not load {path} "
