@@ -22,7 +22,7 @@ from app.server.context import ServerContext
 from app.server.errors import install_error_handlers
 from app.server.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES, RequestLimitsMiddleware
 from app.server.metrics import ServerMetrics
-from app.server.model_pool import ModelLeases
+from app.server.model_pool import DefaultEngine, ModelLeases
 from app.server.openapi import install_openapi
 from app.server.routes_embeddings import router as embeddings_router
 from app.server.routes_messages import router as messages_router
@@ -74,7 +74,8 @@ def create_app(
     """
     name = model_name or str(engine.model_name)
     metrics = ServerMetrics(
-        engine, models=(lambda: [(name, engine)]) if pool is None else pool.loaded)
+        engine if pool is None else DefaultEngine(pool, engine),
+        models=(lambda: [(name, engine)]) if pool is None else pool.loaded)
     app = FastAPI(title="tandem", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.ctx = ServerContext(
         engine=engine, model_name=name, aliases=frozenset(aliases), metrics=metrics,

@@ -474,6 +474,22 @@ def load_failed(name: str, exc: BaseException) -> APIError:
                     "model", "model_load_failed")
 
 
+class DefaultEngine:
+    """The `--model` model's engine as it is now, for what reads "the" engine (the
+    `tandem_*` metrics): the pool may unload it (keep-alive, LRU) and load it again as a
+    new engine. While it is unloaded, the last one (its final counts) answers."""
+
+    def __init__(self, pool: ModelPool, engine: Any):
+        self._pool = pool
+        self._last = engine
+
+    def __getattr__(self, name: str) -> Any:
+        current = self._pool.default.engine
+        if current is not None:
+            self._last = current
+        return getattr(self._last, name)
+
+
 async def model_context(request: Request, ctx: Any, requested: str | None,
                         keep_alive: float | None | str = "default") -> Any:
     """The context a route serves `requested` with: `ctx` itself on a one-model server;

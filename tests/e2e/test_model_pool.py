@@ -179,6 +179,24 @@ def test_ollama_stop_unloads_without_loading(url: str) -> None:
         until(lambda: "smol-twin:latest" not in names(), "ollama stop unloads smol-twin")
 
 
+
+def test_metrics_follow_the_default_model_loaded_again(url: str) -> None:
+    def generated() -> float:
+        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("tandem_generation_tokens_total "):
+                return float(line.split()[1])
+        raise KeyError("tandem_generation_tokens_total")
+
+    r = httpx.post(f"{url}/api/generate", json={"model": DEFAULT, "keep_alive": 0},
+                   timeout=120)
+    assert (r.status_code, r.json()["done_reason"]) == (200, "unload")
+    assert chat(url, None, max_tokens=4).status_code == 200  # loads it again: a new engine
+    before = generated()
+    r = chat(url, None, max_tokens=4)
+    assert r.status_code == 200
+    assert generated() == before + r.json()["usage"]["completion_tokens"] > before
+
+
 def test_a_model_that_fails_to_load_is_a_clear_error(url: str, store: Path) -> None:
     path = store / "models" / "broken.gguf"
     message = (f"The model `broken` could not be loaded: llama.cpp could not load {path} "

@@ -104,6 +104,7 @@ async def test_usage_based_routing_reaches_both_boxes(boxes: list[Server]) -> No
 async def test_gauges_show_the_busy_box(boxes: list[Server]) -> None:
     """While a reply streams through the router, the box serving it reports one running
     request and its KV usage as the fraction of its KV blocks in use; the other box, none."""
+    await _idle(boxes)  # nothing left running from an earlier test on the session server
     router = _router(boxes, "least-busy")
     stream = await router.acompletion(model="tandem", messages=MSGS, stream=True,
                                       **{**GREEDY, "max_tokens": 400,
@@ -123,3 +124,14 @@ async def test_gauges_show_the_busy_box(boxes: list[Server]) -> None:
         assert 0 < usage == used / total <= 1
     finally:
         await stream.aclose()
+        # the session server is shared: the 400-token reply must not run on under the
+        # next tests' metric deltas
+        await _idle(boxes)
+
+
+async def _idle(boxes: list[Server], timeout_s: float = 120.0) -> None:
+    """Wait until no box reports a running or waiting request. Raises TimeoutError."""
+    async with asyncio.timeout(timeout_s):
+        while any(box.metric(f'vllm:num_requests_{kind}{{model_name="{box.model}"}}')
+                  for box in boxes for kind in ("running", "waiting")):
+            await asyncio.sleep(0.2)
