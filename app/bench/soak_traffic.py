@@ -17,6 +17,7 @@ two-box mode sends to the prefill worker).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -98,6 +99,18 @@ def _sse_data(line: str) -> str | None:
     return line[5:].strip() if line.startswith("data:") else None
 
 
+async def _sse_stream(c: Client, path: str, body: dict) -> AsyncIterator[str]:
+    """`body` streamed to `path`: the data of each SSE event. Raises Failed (via
+    `_check_status`) for a non-200. Closing the iterator closes the connection."""
+    async with c.http.stream("POST", path, json={**body, "stream": True}) as r:
+        if r.status_code != 200:
+            _check_status(r, await r.aread())
+        async for line in _lines(r):
+            data = _sse_data(line)
+            if data is not None:
+                yield data
+
+
 async def _openai_stream(c: Client, path: str, body: dict, *, stop_after: int | None = None,
                          read_every_s: float = 0.0) -> int:
     """Stream `body` to `path` (OpenAI chat/completions SSE); the number of data events.
@@ -105,13 +118,8 @@ async def _openai_stream(c: Client, path: str, body: dict, *, stop_after: int | 
     this long after each line (a slow reader). Raises Failed for a non-200, an error event,
     or a stream that ends without `[DONE]` (unless cancelled)."""
     events = 0
-    async with c.http.stream("POST", path, json={**body, "stream": True}) as r:
-        if r.status_code != 200:
-            _check_status(r, await r.aread())
-        async for line in _lines(r):
-            data = _sse_data(line)
-            if data is None:
-                continue
+    async with contextlib.aclosing(_sse_stream(c, path, body)) as stream:
+        async for data in stream:
             if data == "[DONE]":
                 if not events:
                     raise Failed("[DONE] before any event")
@@ -239,13 +247,8 @@ async def _typed_stream(c: Client, path: str, body: dict, failed: tuple[str, ...
                         done: tuple[str, ...]) -> None:
     """Stream `body` to `path` (an API whose SSE events carry a `type`): returns at an event
     of a `done` type; raises Failed at a `failed` one, or when the stream ends first."""
-    async with c.http.stream("POST", path, json={**body, "stream": True}) as r:
-        if r.status_code != 200:
-            _check_status(r, await r.aread())
-        async for line in _lines(r):
-            data = _sse_data(line)
-            if data is None:
-                continue
+    async with contextlib.aclosing(_sse_stream(c, path, body)) as stream:
+        async for data in stream:
             kind = json.loads(data).get("type")
             if kind in failed:
                 raise Failed(f"{path} stream: {data[:200]}")
