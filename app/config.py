@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 
 from app.disagg.peer import PeerConfig
 from app.engine.config import EngineConfig, SchedulerConfig, SpecConfig
-from backends.base import RunnerConfig
+from backends.base import KV_TRANSFER_DTYPES, RunnerConfig
 from models.registry import DEFAULT_MODEL
 
 
 def two_box_kv_refusal(kv_cache_type: str, where: str) -> str:
-    """Why two-box mode refuses a quantized KV cache (one line); `where`: "with
-    --prefill-peer" or "by prefill-worker"."""
-    return (f"two-box mode sends f16 KV; --kv-cache-type {kv_cache_type} is not supported "
-            f"{where} yet")
+    """Why two-box mode refuses a KV cache type the wire cannot carry (one line); `where`:
+    "with --prefill-peer" or "by prefill-worker"."""
+    return (f"two-box mode sends f16 or q8_0 KV; --kv-cache-type {kv_cache_type} is not "
+            f"supported {where}")
 
 
 @dataclass(slots=True)
@@ -62,7 +62,7 @@ class EngineArgs:
         if self.prefill_peer is not None and self.draft_model:
             raise ValueError("--prefill-peer cannot be combined with --draft-model (the draft "
                              "model's KV would be missing for imported positions)")
-        if self.prefill_peer is not None and self.runner.kv_cache_type != "f16":
+        if self.prefill_peer is not None and self.runner.kv_cache_type not in KV_TRANSFER_DTYPES:
             raise ValueError(two_box_kv_refusal(self.runner.kv_cache_type, "with --prefill-peer"))
 
     def scheduler_config(self) -> SchedulerConfig:
@@ -82,6 +82,6 @@ class EngineArgs:
 
 def check_worker_kv(args: EngineArgs) -> None:
     """A `tandem prefill-worker`'s engine: raises ValueError (one line) for a KV cache type
-    the two-box wire cannot carry yet."""
-    if args.runner.kv_cache_type != "f16":
+    the two-box wire cannot carry (q4_0)."""
+    if args.runner.kv_cache_type not in KV_TRANSFER_DTYPES:
         raise ValueError(two_box_kv_refusal(args.runner.kv_cache_type, "by prefill-worker"))

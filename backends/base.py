@@ -166,8 +166,44 @@ class Runner(ModelRunner, KVResidency, Protocol):
 
 
 # Per layer (K, V), each `[tokens, kv_heads, head_dim]` float16, rotary embedding applied in
-# the rotate-half (Hugging Face) convention: DESIGN.md's backend-neutral KV layout.
+# the rotate-half (Hugging Face) convention: DESIGN.md's backend-neutral KV layout. A q8_0 KV
+# cache moves as its blocks instead (`Q8_0_BLOCK`, below).
 LayerKV = tuple[np.ndarray, np.ndarray]
+
+# llama.cpp's block_q8_0 (ggml-common.h): 32 values as one f16 scale `d` and 32 int8 quants,
+# value = d * q; 34 bytes. q8_0 KV moves as `[tokens, kv_heads * head_dim / 32]` blocks with K
+# in llama.cpp's cache order (NORM-rope pairs interleaved per head: reordering a head's values
+# would cross blocks), so only llama.cpp runners exchange it, and only bytes are copied.
+Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])
+KV_TRANSFER_DTYPES = {"f16": np.dtype("<f2"), "q8_0": Q8_0_BLOCK}  # KV cache type -> layout
+
+
+def kv_row_bytes(dtype: str, width: int) -> int:
+    """Bytes of one token's K (or V) of `width` = kv_heads * head_dim values in KV `dtype`
+    ("f16": 2 per value; "q8_0": 34 per 32). Raises ValueError for another dtype, or for q8_0
+    when `width` is not a multiple of 32."""
+    if dtype == "f16":
+        return 2 * width
+    if dtype == "q8_0":
+        if width % 32:
+            raise ValueError(f"q8_0 KV needs kv_heads * head_dim divisible by 32, not {width}")
+        return width // 32 * Q8_0_BLOCK.itemsize
+    raise ValueError(f"KV dtype {dtype!r} cannot be transferred (f16 or q8_0)")
+
+
+def kv_dtype_of(a: np.ndarray) -> str:
+    """The KV dtype name ("f16" or "q8_0") of a `LayerKV` array. Raises ValueError."""
+    for name, dt in KV_TRANSFER_DTYPES.items():
+        if a.dtype == dt:
+            return name
+    raise ValueError(f"KV arrays must be float16 or q8_0 blocks, not {a.dtype}")
+
+
+def kv_shape(dtype: str, n: int, n_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+    """Shape of one layer's K (or V) of `n` tokens in KV `dtype` (see `LayerKV`,
+    `Q8_0_BLOCK`). Raises ValueError as `kv_row_bytes`."""
+    kv_row_bytes(dtype, n_kv_heads * head_dim)
+    return (n, n_kv_heads, head_dim) if dtype == "f16" else (n, n_kv_heads * head_dim // 32)
 
 
 @runtime_checkable

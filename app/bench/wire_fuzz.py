@@ -50,7 +50,7 @@ from typing import Any
 import msgpack
 
 from app.disagg import wire
-from app.disagg.handshake import NONCE_BYTES, _with_threads, proof, session_key
+from app.disagg.handshake import NONCE_BYTES, _fingerprint_map, proof, session_key
 from app.disagg.wire import PREFIX, FrameType, ProtocolError, encode_parts
 from models.fingerprint import ModelFingerprint
 
@@ -95,7 +95,7 @@ class Honest:
         self.t = t
         self.request = request
         self.nonce_c = secrets.token_bytes(NONCE_BYTES)
-        self.fp_c = _with_threads(t.fingerprint, None)
+        self.fp_c = _fingerprint_map(t.fingerprint, None, "f16")
 
     def hello(self) -> dict[str, Any]:
         return {"nonce": self.nonce_c, "fingerprint": self.fp_c}

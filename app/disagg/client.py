@@ -47,6 +47,7 @@ from app.disagg.wire import (
     write_frame,
 )
 from app.engine.remote_prefill import RemoteJob, RemoteOutcome
+from backends.base import KV_TRANSFER_DTYPES, kv_row_bytes, kv_shape
 from models.fingerprint import ModelFingerprint
 from models.store import store_dir
 
@@ -83,6 +84,8 @@ class PrefillClient:
         peer: address, secret, deadlines, policy settings.
         fingerprint: the local model's (the peer must match it field by field).
         n_layers, n_kv_heads, head_dim: the local KV shape every chunk must have.
+        kv_cache_type: the local KV dtype ("f16" or "q8_0"); the worker's must be the same
+            (refused in the handshake otherwise) and every chunk comes in it.
         sink: receives chunks and outcomes (set later with `attach` if None).
     `policy` holds the estimates; `counters` counts outcomes ("ok", or the failure reason).
     The first handshake with a worker on this machine compares its threads with this
@@ -91,13 +94,15 @@ class PrefillClient:
 
     def __init__(self, peer: PeerConfig, fingerprint: ModelFingerprint, n_layers: int,
                  n_kv_heads: int, head_dim: int, sink: KVSink | None = None,
-                 max_payload: int = MAX_PAYLOAD_BYTES):
+                 max_payload: int = MAX_PAYLOAD_BYTES, kv_cache_type: str = "f16"):
         self.peer = peer
         self.fingerprint = fingerprint
         self.shape = (n_layers, n_kv_heads, head_dim)
+        self.kv_cache_type = kv_cache_type
         self.sink = sink
         self.max_payload = max_payload
-        self.policy = PrefillPolicy(peer.policy, 2 * n_layers * n_kv_heads * head_dim * 2)
+        self.policy = PrefillPolicy(
+            peer.policy, 2 * n_layers * kv_row_bytes(kv_cache_type, n_kv_heads * head_dim))
         self._estimates_path = _estimates_path(peer, fingerprint)
         try:
             self.policy.load_estimates(json.loads(self._estimates_path.read_text()))
@@ -208,7 +213,7 @@ class PrefillClient:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     set_keepalive(sock)
                 session = await client_handshake(reader, writer, p.secret, self.fingerprint,
-                                                 cpu_threads(p.threads))
+                                                 cpu_threads(p.threads), self.kv_cache_type)
         except TimeoutError:
             raise _Deadline("connect_timeout", f"no handshake with {p.host}:{p.port} within "
                         f"{p.connect_timeout_s} s") from None
@@ -265,15 +270,17 @@ class PrefillClient:
             if frame.type != FrameType.KV:
                 raise ProtocolError("type", f"unexpected {frame.type.name} frame")
             kv = decode_kv(frame)
-            want = (request, chunk, len(layers), pos, heads, dim)
-            got = (kv.request, kv.chunk, kv.layer, kv.first_pos, kv.kv_heads, kv.head_dim)
+            want = (request, chunk, len(layers), pos, heads, dim, self.kv_cache_type)
+            got = (kv.request, kv.chunk, kv.layer, kv.first_pos, kv.kv_heads, kv.head_dim,
+                   kv.dtype)
             if got != want or kv.n_tokens < 1 or (layers and kv.n_tokens != len(layers[0][0])) \
                     or pos + kv.n_tokens > len(job.token_ids):
                 raise ProtocolError("sequence", f"KV frame (request, chunk, layer, first_pos, "
-                                    f"kv_heads, head_dim) = {got}, expected {want}")
-            shape = (kv.n_tokens, heads, dim)
-            layers.append((np.frombuffer(kv.k, np.float16).reshape(shape),
-                           np.frombuffer(kv.v, np.float16).reshape(shape)))
+                                    f"kv_heads, head_dim, dtype) = {got}, expected {want}")
+            shape = kv_shape(kv.dtype, kv.n_tokens, heads, dim)
+            dtype = KV_TRANSFER_DTYPES[kv.dtype]
+            layers.append((np.frombuffer(kv.k, dtype).reshape(shape),
+                           np.frombuffer(kv.v, dtype).reshape(shape)))
             size = len(frame.payload)
             stats["bytes"] += size
             stats["frames"] += 1

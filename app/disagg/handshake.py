@@ -10,14 +10,16 @@ Spec: docs/two-box.md.
                             + sha256(msgpack(fp_c)) + sha256(msgpack(fp_s)))
     session key = HMAC-SHA256(secret, b"tandem-kv/1 session" + nonce_c + nonce_s)
 
-A fingerprint map may carry one key more than the model's fields: "threads", the sender's
+A fingerprint map may carry two keys more than the model's fields: "threads", the sender's
 CPU threads (int), so that a decode box on the same machine as its worker can tell when the
-two over-subscribe the cores. A peer that does not know it ignores it (`from_dict` reads
-only the model's fields, and the proofs cover the map as sent).
+two over-subscribe the cores; and "kv_cache_type" ("q8_0"; absent means "f16"), the KV dtype
+the worker sends and the decode box loads, which must be equal on both sides. A peer that
+does not know them ignores them (`from_dict` reads only the model's fields, and the proofs
+cover the map as sent); an f16 peer omits the key, so its handshake is as before.
 
 Either side that finds a problem sends ERROR {code, message} (tag key b"") and raises
 `ProtocolError`: "version", "auth" (wrong proof), "fingerprint" (`detail` = first differing
-field). Both proofs cover both nonces and both fingerprints, so neither a replayed proof nor
+field, or "kv_cache_type"). Both proofs cover both nonces and both fingerprints, so neither a replayed proof nor
 a fingerprint altered in transit passes.
 """
 
@@ -47,11 +49,25 @@ class Session:
     peer_threads: int | None = None  # the peer's CPU threads, if it sent them
 
 
-def _with_threads(fingerprint: ModelFingerprint, threads: int | None) -> dict:
+def _fingerprint_map(fingerprint: ModelFingerprint, threads: int | None,
+                     kv_cache_type: str) -> dict:
     fp = fingerprint.to_dict()
     if threads:
         fp["threads"] = int(threads)
+    if kv_cache_type != "f16":
+        fp["kv_cache_type"] = kv_cache_type
     return fp
+
+
+def _check_kv_cache_type(mine: str, fp: dict) -> None:
+    """Raises ProtocolError "header" (malformed) or "fingerprint" (differs) unless the peer's
+    KV cache type equals `mine`."""
+    theirs = fp.get("kv_cache_type", "f16")
+    if theirs not in ("f16", "q8_0", "q4_0"):
+        raise ProtocolError("header", f"unknown kv_cache_type {theirs!r}")
+    if theirs != mine:
+        raise ProtocolError("fingerprint", f"KV cache types differ: here {mine}, peer {theirs} "
+                            "(run both with the same --kv-cache-type)", detail="kv_cache_type")
 
 
 def _threads(fp: dict) -> int | None:
@@ -117,10 +133,10 @@ def _compare(mine: ModelFingerprint, theirs: dict) -> ModelFingerprint:
 
 async def client_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                            secret: bytes, fingerprint: ModelFingerprint,
-                           threads: int | None = None) -> Session:
-    """The decode box's side (`threads`: its CPU threads, sent if given). Raises
-    ProtocolError (code as in the module docstring)."""
-    fp_c = _with_threads(fingerprint, threads)
+                           threads: int | None = None, kv_cache_type: str = "f16") -> Session:
+    """The decode box's side (`threads`: its CPU threads, sent if given; `kv_cache_type`: the
+    KV dtype it loads). Raises ProtocolError (code as in the module docstring)."""
+    fp_c = _fingerprint_map(fingerprint, threads, kv_cache_type)
     nonce_c = secrets.token_bytes(NONCE_BYTES)
     await write_frame(writer, encode_parts(FrameType.HELLO,
                                            {"nonce": nonce_c, "fingerprint": fp_c}))
@@ -131,6 +147,7 @@ async def client_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamW
         if not hmac.compare_digest(want, h["proof"]):
             raise ProtocolError("auth", "the peer does not know the shared secret")
         peer = _compare(fingerprint, fp_s)
+        _check_kv_cache_type(kv_cache_type, fp_s)
     except ProtocolError as err:
         await _fail(writer, err)
     await write_frame(writer, encode_parts(
@@ -142,14 +159,14 @@ async def client_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamW
 
 async def server_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                            secret: bytes, fingerprint: ModelFingerprint,
-                           threads: int | None = None) -> Session:
-    """The prefill worker's side (`threads`: its CPU threads, sent if given). Raises
-    ProtocolError after telling the peer why."""
+                           threads: int | None = None, kv_cache_type: str = "f16") -> Session:
+    """The prefill worker's side (`threads`: its CPU threads, sent if given; `kv_cache_type`:
+    the KV dtype it sends). Raises ProtocolError after telling the peer why."""
     try:
         h = _expect(await read_frame(reader), FrameType.HELLO)
     except ProtocolError as err:
         await _fail(writer, err)
-    fp_s = _with_threads(fingerprint, threads)
+    fp_s = _fingerprint_map(fingerprint, threads, kv_cache_type)
     nonce_c, fp_c = h["nonce"], h["fingerprint"]
     nonce_s = secrets.token_bytes(NONCE_BYTES)
     await write_frame(writer, encode_parts(FrameType.CHALLENGE, {
@@ -161,6 +178,7 @@ async def server_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamW
                                    a["proof"]):
             raise ProtocolError("auth", "the peer does not know the shared secret")
         peer = _compare(fingerprint, fp_c)
+        _check_kv_cache_type(kv_cache_type, fp_c)
     except ProtocolError as err:
         if err.code == "peer":
             raise

@@ -10,7 +10,7 @@ Frame = prefix | header | payload | tag:
 
 Every length is checked before anything of that size is allocated: the header against
 `MAX_HEADER_BYTES`, the payload against the size the header implies (KV: 2 * n_tokens *
-kv_heads * head_dim * 2 bytes; other types 0) and against `max_payload`. Errors raise
+kv_heads * head_dim * 2 bytes for f16, 34 per 32 values for q8_0; other types 0) and against `max_payload`. Errors raise
 `ProtocolError` whose `code` names the reason (for fallback counters).
 """
 
@@ -26,13 +26,14 @@ from typing import Any
 
 import msgpack
 
+from backends.base import kv_row_bytes
+
 MAGIC = b"TDKV"
 PROTOCOL_VERSION = 1
 PREFIX = struct.Struct("<4sBBHIQ")  # magic, version, type, flags, header_len, payload_len
 TAG_BYTES = 16
 MAX_HEADER_BYTES = 1 << 20  # a PREFILL header carries the token ids (<= 5 bytes each)
 MAX_PAYLOAD_BYTES = 64 << 20  # default KV frame limit: 8x Llama-3-8B's 2K-token layer
-DTYPE_BYTES = {"f16": 2}  # wire dtypes: K/V element size (bytes)
 
 
 class FrameType(IntEnum):
@@ -89,7 +90,9 @@ class Frame:
 @dataclass(slots=True)
 class KVChunk:
     """One (chunk, layer) of KV in the neutral layout. k, v: `[n_tokens, kv_heads, head_dim]`
-    f16 as raw little-endian bytes (numpy `.view(np.float16).reshape(...)` reads them)."""
+    f16 as raw little-endian bytes (numpy `.view(np.float16).reshape(...)` reads them), or
+    with `dtype` "q8_0" `[n_tokens, kv_heads * head_dim / 32]` blocks of llama.cpp's
+    block_q8_0 (`backends.base.Q8_0_BLOCK`; docs/two-box.md)."""
 
     request: int
     chunk: int
@@ -109,12 +112,16 @@ class KVChunk:
 
 
 def kv_payload_bytes(header: dict[str, Any]) -> int:
-    """Payload size a KV header implies: K and V, `n_tokens * kv_heads * head_dim` elements
-    each. Raises ProtocolError("header") for an unknown dtype."""
-    size = DTYPE_BYTES.get(header["dtype"])
-    if size is None:
+    """Payload size a KV header implies: K and V, `n_tokens * kv_heads * head_dim` values
+    each (`backends.base.kv_row_bytes`). Raises ProtocolError("header") for an unknown
+    dtype, or a q8_0 row that is not whole blocks."""
+    if header["dtype"] not in ("f16", "q8_0"):
         raise ProtocolError("header", f"unknown KV dtype {header['dtype']!r}")
-    return 2 * header["n_tokens"] * header["kv_heads"] * header["head_dim"] * size
+    try:
+        row = kv_row_bytes(header["dtype"], header["kv_heads"] * header["head_dim"])
+    except ValueError as e:
+        raise ProtocolError("header", str(e)) from None
+    return 2 * header["n_tokens"] * row
 
 
 def _tag(key: bytes, parts: list) -> bytes:

@@ -143,6 +143,8 @@ class PrefillWorker:
                              "> 0")
         self.engine = engine
         self.threads = threads
+        # the KV dtype sent (f16 or q8_0, the runner's cache); the decode box must load the same
+        self.kv_cache_type = getattr(engine.runner, "kv_cache_type", "f16")
         self.fingerprint = fingerprint
         self.secret = secret
         self.handshake_timeout_s = handshake_timeout_s
@@ -208,7 +210,8 @@ class PrefillWorker:
             try:
                 async with asyncio.timeout(self.handshake_timeout_s):
                     session = await server_handshake(reader, writer, self.secret,
-                                                     self.fingerprint, self.threads)
+                                                     self.fingerprint, self.threads,
+                                                     self.kv_cache_type)
                     frame = await read_frame(reader, session.key, self.max_payload)
             finally:
                 self._handshaking -= 1
@@ -340,10 +343,12 @@ class PrefillWorker:
 
     async def _send_chunk(self, writer, key: bytes, request: int, chunk: int, first_pos: int,
                           kv) -> None:
-        n, heads, dim = kv[0][0].shape
+        info = self.engine.runner.info
+        n, heads, dim = len(kv[0][0]), info.n_kv_heads, info.head_dim
         for layer, (k, v) in enumerate(kv):
-            await self._send(writer, encode_kv(KVChunk(request, chunk, layer, first_pos, n,
-                                                       heads, dim, _bytes(k), _bytes(v)), key))
+            await self._send(writer, encode_kv(KVChunk(
+                request, chunk, layer, first_pos, n, heads, dim, _bytes(k), _bytes(v),
+                self.kv_cache_type), key))
 
     async def _watch(self, reader, key: bytes, job: _Job) -> None:
         """Mark the job gone when the peer cancels, disappears or sends anything else."""

@@ -15,7 +15,9 @@ verified byte-exact, shared/notes/llamacpp.md §2):
         per layer, v_trans=1: i32 v_type | u32 el_bytes | u32 kv_heads*head_dim | V [dim][cells]
 
 Neutral layout: per layer (K, V), each `[tokens, kv_heads, head_dim]` float16, tokens in
-position order, K post-RoPE in the rotate-half (Hugging Face) convention.
+position order, K post-RoPE in the rotate-half (Hugging Face) convention. A q8_0 cache moves
+as its blocks, `[tokens, kv_heads * head_dim / 32]` of `backends.base.Q8_0_BLOCK`, K in the
+cache's own order (not de-interleaved: that would cross blocks), bytes copied unchanged.
 
 RoPE convention. llama.cpp ropes K before caching it, so cached K is post-RoPE. Models whose
 llama.cpp rope type is NORM (`llama_model_rope_type` == 0: llama, deci, granite, smollm3,
@@ -35,11 +37,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.base import LayerKV
+from backends.base import KV_TRANSFER_DTYPES, LayerKV, kv_dtype_of, kv_row_bytes, kv_shape
 
 STATE_MAGIC = 0xAF143CD8
-GGML_TYPE_F16 = 1  # ggml_type enum value; the only KV type exported (others: q8_0 etc.)
-GGML_TYPE_Q4_0, GGML_TYPE_Q8_0 = 2, 8  # quantized KV: copied as is (`retarget_state`)
+GGML_TYPE_F16 = 1  # ggml_type enum values of the KV types that transfer
+GGML_TYPE_Q4_0, GGML_TYPE_Q8_0 = 2, 8  # q4_0 KV is only copied as is (`retarget_state`)
+_GGML_TYPES = {GGML_TYPE_F16: "f16", GGML_TYPE_Q8_0: "q8_0"}
+_GGML_TYPE_OF = {name: t for t, name in _GGML_TYPES.items()}
 ROPE_TYPE_NORM = 0  # LLAMA_ROPE_TYPE_NORM: adjacent pairs -> K stored interleaved per head
 ROPE_TYPE_NEOX = 2  # LLAMA_ROPE_TYPE_NEOX: half-offset pairs, already rotate-half
 _F16 = np.dtype("<f2")
@@ -92,8 +96,8 @@ class SeqState:
     context (1 unified, n_seq_max split); must equal the loading context's. stream: the
     stream holding the cells (None when there are none). positions: int32 `[cells]`.
     v_trans: V saved transposed (flash attention off). keys / values: per layer float16
-    `[cells, kv_heads, head_dim]` (V un-transposed here), or a tuple of such arrays to be
-    written one after the other (`concat_states`).
+    `[cells, kv_heads, head_dim]` (V un-transposed here) or q8_0 blocks `[cells, blocks]`, or
+    a tuple of such arrays to be written one after the other (`concat_states`).
     """
 
     seq_id: int
@@ -129,10 +133,11 @@ class _Reader:
 def parse_state(blob, n_kv_heads: int, head_dim: int) -> SeqState:
     """Parse a `llama_state_seq_get_data` blob (any buffer: bytes, ctypes array, ...).
 
-    The returned arrays are views over `blob` (keep it alive; copy to outlive it). Raises
-    ValueError for a bad magic, a truncated or over-long blob, cells in more than one stream,
-    a cell with n_seq_id != 1, a KV type other than f16, or rows that are not
-    `n_kv_heads * head_dim` values."""
+    The returned arrays are views over `blob` (keep it alive; copy to outlive it): float16
+    `[cells, n_kv_heads, head_dim]` for an f16 cache, q8_0 blocks `[cells, blocks]` for a
+    q8_0 one. Raises ValueError for a bad magic, a truncated or over-long blob, cells in more
+    than one stream, a cell with n_seq_id != 1, a KV type other than f16 or q8_0 (or a
+    transposed q8_0 V), or rows that are not `n_kv_heads * head_dim` values."""
     r = _Reader(memoryview(blob).cast("B"))
     magic, seq_id, n_stream = r.take("<IiI")
     if magic != STATE_MAGIC:
@@ -154,28 +159,41 @@ def parse_state(blob, n_kv_heads: int, head_dim: int) -> SeqState:
         state.v_trans = bool(v_trans)
         for _ in range(n_layer):
             k_type, k_row = r.take("<iQ")
-            _check_type("K", k_type, k_row, width * 2)
-            state.keys.append(r.array(_F16, cells * width).reshape(cells, n_kv_heads, head_dim))
+            dtype = _checked_type("K", k_type, k_row, width)
+            shape = kv_shape(dtype, cells, n_kv_heads, head_dim)
+            state.keys.append(r.array(KV_TRANSFER_DTYPES[dtype], _count(shape)).reshape(shape))
         for _ in range(n_layer):
             if v_trans:
                 v_type, el, dim = r.take("<iII")
-                _check_type("V", v_type, el * dim, width * 2)
+                if _checked_type("V", v_type, el * dim, width) != "f16":
+                    raise ValueError("a transposed V must be f16")
                 v = r.array(_F16, dim * cells).reshape(dim, cells).T
+                state.values.append(v.reshape(cells, n_kv_heads, head_dim))
             else:
                 v_type, v_row = r.take("<iQ")
-                _check_type("V", v_type, v_row, width * 2)
-                v = r.array(_F16, cells * width)
-            state.values.append(v.reshape(cells, n_kv_heads, head_dim))
+                dtype = _checked_type("V", v_type, v_row, width)
+                shape = kv_shape(dtype, cells, n_kv_heads, head_dim)
+                state.values.append(
+                    r.array(KV_TRANSFER_DTYPES[dtype], _count(shape)).reshape(shape))
     if r.off != len(r.buf):
         raise ValueError(f"{len(r.buf) - r.off} unexpected bytes after the state")
     return state
 
 
-def _check_type(which: str, ggml_type: int, row_bytes: int, want: int) -> None:
-    if ggml_type != GGML_TYPE_F16:
-        raise ValueError(f"{which} cache type {ggml_type} is not f16 (only f16 KV transfers)")
+def _count(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape))
+
+
+def _checked_type(which: str, ggml_type: int, row_bytes: int, width: int) -> str:
+    """The KV dtype name of a layer's ggml type, its row checked against `width` values."""
+    dtype = _GGML_TYPES.get(ggml_type)
+    if dtype is None:
+        raise ValueError(f"{which} cache type {ggml_type} is not f16 or q8_0 (the KV types "
+                         "that transfer)")
+    want = kv_row_bytes(dtype, width)
     if row_bytes != want:
         raise ValueError(f"{which} row is {row_bytes} bytes, the model shape implies {want}")
+    return dtype
 
 
 def retarget_state(blob, seq_id: int, n_stream: int, stream: int) -> bytearray:
@@ -232,6 +250,13 @@ def _segments(x) -> tuple:
     return x if isinstance(x, tuple) else (x,)
 
 
+def _row(layer) -> tuple[int, int]:
+    """(ggml type, bytes per token) of a layer's K or V (an array or its segments)."""
+    a = _segments(layer)[0]
+    return (_GGML_TYPE_OF[kv_dtype_of(a)],
+            a.dtype.itemsize * _count(a.shape[1:]))
+
+
 def build_state(state: SeqState) -> bytearray:
     """The blob `parse_state` reads back as `state`: the exact inverse (parse -> build
     reproduces llama.cpp's bytes). Written into one preallocated bytearray (ctypes loads it
@@ -240,12 +265,9 @@ def build_state(state: SeqState) -> bytearray:
     cells = len(state.positions)
     head = struct.pack("<IiI", STATE_MAGIC, state.seq_id, state.n_stream)
     layers = list(zip(state.keys, state.values, strict=True))
-    per_layer = 0
-    if cells and layers:
-        k0 = _segments(layers[0][0])[0]
-        per_layer = 2 * (12 + cells * k0.shape[1] * k0.shape[2] * 2)
     size = len(head) + 4 * state.n_stream + (
-        12 * cells + 8 + per_layer * len(layers) if cells else 0)
+        12 * cells + 8 + sum(24 + cells * (_row(k)[1] + _row(v)[1]) for k, v in layers)
+        if cells else 0)
     out = bytearray(size)
     buf = np.frombuffer(out, np.uint8)
     off = 0
@@ -253,7 +275,7 @@ def build_state(state: SeqState) -> bytearray:
     def put(data) -> None:
         nonlocal off
         raw = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else (
-            np.ascontiguousarray(data, _F16).reshape(-1).view(np.uint8))
+            np.ascontiguousarray(data).reshape(-1).view(np.uint8))
         buf[off:off + raw.size] = raw
         off += raw.size
 
@@ -268,19 +290,20 @@ def build_state(state: SeqState) -> bytearray:
         put(meta.tobytes())
         put(struct.pack("<II", int(state.v_trans), len(state.keys)))
         for k in state.keys:
-            segs = _segments(k)
-            put(struct.pack("<iQ", GGML_TYPE_F16, segs[0].shape[1] * segs[0].shape[2] * 2))
-            for seg in segs:
+            put(struct.pack("<iQ", *_row(k)))
+            for seg in _segments(k):
                 put(seg)
         for v in state.values:
             segs = _segments(v)
-            w = segs[0].shape[1] * segs[0].shape[2]
+            ggml_type, row_bytes = _row(v)
             if state.v_trans:
+                if ggml_type != GGML_TYPE_F16:
+                    raise ValueError("a transposed V must be f16")
                 full = np.concatenate(segs) if len(segs) > 1 else segs[0]
-                put(struct.pack("<iII", GGML_TYPE_F16, 2, w))
-                put(np.ascontiguousarray(full.reshape(cells, w).T, _F16))
+                put(struct.pack("<iII", GGML_TYPE_F16, 2, row_bytes // 2))
+                put(np.ascontiguousarray(full.reshape(cells, row_bytes // 2).T))
             else:
-                put(struct.pack("<iQ", GGML_TYPE_F16, w * 2))
+                put(struct.pack("<iQ", ggml_type, row_bytes))
                 for seg in segs:
                     put(seg)
     if off != size:
@@ -291,7 +314,8 @@ def build_state(state: SeqState) -> bytearray:
 def to_neutral(state: SeqState, start: int, n: int, interleaved: bool,
                n_rot: int | None = None) -> list[LayerKV]:
     """Positions `start .. start+n-1` of `state` in the neutral layout: per layer (K, V),
-    new arrays `[n, kv_heads, head_dim]` float16, K de-interleaved if `interleaved`.
+    new arrays `[n, kv_heads, head_dim]` float16, K de-interleaved if `interleaved`; a q8_0
+    state's blocks `[n, blocks]` as they are (`interleaved` does not apply).
 
     Raises ValueError if the state does not hold each of those positions exactly once."""
     pos = state.positions.astype(np.int64)
@@ -306,7 +330,9 @@ def to_neutral(state: SeqState, start: int, n: int, interleaved: bool,
     out = []
     for k, v in zip(state.keys, state.values, strict=True):
         k_rows = k[rows]
-        out.append((deinterleave_heads(k_rows, n_rot) if interleaved else k_rows, v[rows]))
+        if interleaved and k.dtype == _F16:
+            k_rows = deinterleave_heads(k_rows, n_rot)
+        out.append((k_rows, v[rows]))
     return out
 
 
@@ -314,17 +340,19 @@ def from_neutral(kv: list[LayerKV], start: int, *, seq_id: int, n_stream: int, s
                  v_trans: bool, interleaved: bool, n_rot: int | None = None) -> SeqState:
     """A `SeqState` holding neutral `kv` at positions `start ..`, cells in position order.
 
-    kv: per layer (K, V) `[n, kv_heads, head_dim]` float16. Raises ValueError if layers
-    differ in shape or are not float16."""
+    kv: per layer (K, V) `[n, kv_heads, head_dim]` float16, or q8_0 blocks `[n, blocks]`
+    (K in the cache's order: `interleaved` does not apply). Raises ValueError if layers
+    differ in shape or dtype, or are neither."""
     if not kv:
         raise ValueError("no layers")
-    shape = kv[0][0].shape
+    shape, dtype = kv[0][0].shape, kv_dtype_of(kv[0][0])
     for k, v in kv:
-        if k.shape != shape or v.shape != shape or len(shape) != 3:
-            raise ValueError(f"every K and V must be [n, kv_heads, head_dim] {shape}")
-        if k.dtype != np.float16 or v.dtype != np.float16:
-            raise ValueError("K and V must be float16")
-    keys = [interleave_heads(k, n_rot) if interleaved else k for k, _ in kv]
+        if k.shape != shape or v.shape != shape or len(shape) != (3 if dtype == "f16" else 2):
+            raise ValueError(f"every K and V must be {dtype} of shape {shape}")
+        if k.dtype != kv[0][0].dtype or v.dtype != kv[0][0].dtype:
+            raise ValueError(f"every K and V must be {dtype}")
+    interleave = interleaved and dtype == "f16"
+    keys = [interleave_heads(k, n_rot) if interleave else k for k, _ in kv]
     return SeqState(seq_id, n_stream, stream, np.arange(start, start + shape[0], dtype=np.int32),
                     v_trans, keys, [v for _, v in kv])
 

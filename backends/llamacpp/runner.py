@@ -14,7 +14,7 @@ from pathlib import Path
 import llama_cpp as L
 import numpy as np
 
-from backends.base import BatchItem, LayerKV, RunnerCapabilities
+from backends.base import KV_TRANSFER_DTYPES, BatchItem, LayerKV, RunnerCapabilities, kv_shape
 from backends.llamacpp import kv_transfer as kvt
 from backends.llamacpp import runtime
 from backends.llamacpp.batch import TokenBatch
@@ -149,9 +149,9 @@ class LlamaCppRunner:
         self.kv_bytes = plan.n_ctx * kv_bytes  # KV allocated, bytes
         # split: llama.cpp micro-batches sequences of unequal lengths apart (split_equal)
         # kv_transfer: export_kv/import_kv below (tests/integration/test_llamacpp_kv_transfer.py),
-        # f16 only: the neutral layout (and the two-box wire) is f16
+        # f16 (the neutral layout) and q8_0 (its blocks as they are); not q4_0
         self.capabilities = RunnerCapabilities(exact_truncate=True,
-                                               kv_transfer=kv_cache_type == "f16",
+                                               kv_transfer=kv_cache_type in KV_TRANSFER_DTYPES,
                                                equal_split=plan.layout == "split")
         self.num_blocks = plan.num_blocks
         self.max_seq_tokens = plan.max_seq_tokens
@@ -287,9 +287,9 @@ class LlamaCppRunner:
         n_rot = runtime.meta(self._model, f"{self.info.architecture}.rope.dimension_count")
         return interleaved, int(n_rot) if n_rot else self.info.head_dim
 
-    def _check_f16_kv(self) -> None:
-        if self.kv_cache_type != "f16":
-            raise ValueError(f"KV transfer is f16 only; this runner's KV cache is "
+    def _check_kv_transfer_type(self) -> None:
+        if self.kv_cache_type not in KV_TRANSFER_DTYPES:
+            raise ValueError(f"KV transfer takes an f16 or q8_0 KV cache; this runner's is "
                              f"{self.kv_cache_type}")
 
     def _check_cover(self, block_table: list[int], start: int, n: int) -> None:
@@ -300,12 +300,14 @@ class LlamaCppRunner:
     def export_kv(self, slot: int, block_table: list[int], start: int, n: int
                   ) -> list[LayerKV]:
         """K/V of positions `start .. start+n-1` of `slot`: per layer (K, V), each
-        `[n, kv_heads, head_dim]` float16, K post-RoPE in the rotate-half convention.
+        `[n, kv_heads, head_dim]` float16, K post-RoPE in the rotate-half convention; with a
+        q8_0 cache its blocks `[n, kv_heads * head_dim / 32]` (`backends.base.Q8_0_BLOCK`),
+        K in the cache's order.
 
         Copies the slot's whole state out of llama.cpp (`llama_state_seq_get_data`), then
         the range. Raises ValueError if `block_table` or the slot's KV does not cover the
-        range, or the KV is not f16; RuntimeError if llama.cpp cannot save it."""
-        self._check_f16_kv()
+        range, or the KV is neither f16 nor q8_0; RuntimeError if llama.cpp cannot save it."""
+        self._check_kv_transfer_type()
         self._check_cover(block_table, start, n)
         interleaved, n_rot = self._kv_facts()
         blob = ContextMemory(self._ctx).state_get(slot)
@@ -314,8 +316,9 @@ class LlamaCppRunner:
 
     def import_kv(self, slot: int, block_table: list[int], start: int,
                   kv: list[LayerKV]) -> None:
-        """Write neutral per-layer K/V `[n, kv_heads, head_dim]` float16 into positions
-        `start .. start+n-1` of `slot`, which must hold exactly positions `0 .. start-1`.
+        """Write neutral per-layer K/V `[n, kv_heads, head_dim]` float16 (q8_0 blocks, as
+        `export_kv` gives them, with a q8_0 cache) into positions `start .. start+n-1` of
+        `slot`, which must hold exactly positions `0 .. start-1`.
 
         Split layout: the slot's state is reloaded whole (its old cells + the new ones),
         because llama.cpp's load clears its destination first. Unified: the new cells are
@@ -323,13 +326,15 @@ class LlamaCppRunner:
         The slot then holds `block_table`'s blocks up to `start+n` (as after `execute`).
         Raises ValueError on a layer count, shape or coverage mismatch; RuntimeError if
         llama.cpp refuses the state."""
-        self._check_f16_kv()
+        self._check_kv_transfer_type()
         if len(kv) != self.info.n_layers:
             raise ValueError(f"expected {self.info.n_layers} layers, got {len(kv)}")
         n = kv[0][0].shape[0]
-        want = (n, self.info.n_kv_heads, self.info.head_dim)
-        if any(k.shape != want or v.shape != want for k, v in kv):
-            raise ValueError(f"K and V must be {want} per layer")
+        want = kv_shape(self.kv_cache_type, n, self.info.n_kv_heads, self.info.head_dim)
+        dtype = KV_TRANSFER_DTYPES[self.kv_cache_type]
+        if any(k.shape != want or v.shape != want or k.dtype != dtype or v.dtype != dtype
+               for k, v in kv):
+            raise ValueError(f"K and V must be {self.kv_cache_type} of shape {want} per layer")
         self._check_cover(block_table, start, n)
         self._forget(slot)
         mem = L.llama_get_memory(self._ctx)

@@ -96,11 +96,8 @@ def test_the_type_reaches_llama_cpp(runners):
     # a quantized V needs flash attention: "auto" became "on"; f16 left it alone
     assert (f16.flash_attn, f16.flash_attn_forced) == ("auto", False)
     assert (q8.flash_attn, q8.flash_attn_forced) == ("on", True)
-    # no KV transfer of quantized KV (two-box mode sends f16)
-    assert (f16.capabilities.kv_transfer, q8.capabilities.kv_transfer) == (True, False)
-    with pytest.raises(ValueError, match="^KV transfer is f16 only; this runner's KV cache "
-                                         "is q8_0$"):
-        q8.export_kv(0, [0], 0, 1)
+    # KV transfer (two-box mode) carries f16 and q8_0, not q4_0 (test_q4_0_rows)
+    assert (f16.capabilities.kv_transfer, q8.capabilities.kv_transfer) == (True, True)
 
 
 def test_q4_0_rows(embedded_model):
@@ -112,6 +109,10 @@ def test_q4_0_rows(embedded_model):
         assert layer_types(blob) == [(GGML_Q4_0, GGML_Q4_0)] * 30
         assert len(blob) == 748 + 31 * (12 + 30 * 2 * 108)  # 6 blocks of 18 bytes a row
         assert r.kv_bytes == 512 * 6480
+        assert r.capabilities.kv_transfer is False
+        with pytest.raises(ValueError, match="^KV transfer takes an f16 or q8_0 KV cache; "
+                                             "this runner's is q4_0$"):
+            r.export_kv(0, [0], 0, 1)
     finally:
         r.close()
 

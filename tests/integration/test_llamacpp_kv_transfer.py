@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.base import BatchItem
+from backends.base import Q8_0_BLOCK, BatchItem
 from backends.llamacpp import kv_transfer as kvt
 from backends.llamacpp.memory import ContextMemory
 from backends.llamacpp.runner import LlamaCppRunner
@@ -18,9 +18,11 @@ PROMPT = "The capital of France is Paris, and the capital of Italy is"
 T0, T1 = list(range(20)), list(range(20, 40))  # slot 0's and slot 1's blocks (4 tokens each)
 
 
-def _runner(path, layout: str, flash_attn: str = "auto", max_seqs: int = 2) -> LlamaCppRunner:
+def _runner(path, layout: str, flash_attn: str = "auto", max_seqs: int = 2,
+            kv_cache_type: str = "f16") -> LlamaCppRunner:
     return LlamaCppRunner(path, max_seqs=max_seqs, seq_tokens=256, kv_tokens=768, block_size=4,
-                          kv_layout=layout, flash_attn=flash_attn, n_threads=2)
+                          kv_layout=layout, flash_attn=flash_attn, n_threads=2,
+                          kv_cache_type=kv_cache_type)
 
 
 @pytest.mark.parametrize("layout, flash_attn", [("split", "auto"), ("split", "off"),
@@ -49,15 +51,20 @@ def test_blob_to_neutral_and_back_is_byte_identical(embedded_model_path, layout,
     runner.close()
 
 
-@pytest.mark.parametrize("layout, flash_attn", [("split", "auto"), ("split", "off"),
-                                                ("unified", "auto"), ("unified", "off")])
+@pytest.mark.parametrize("layout, flash_attn, kv_cache_type", [
+    ("split", "auto", "f16"), ("split", "off", "f16"), ("unified", "auto", "f16"),
+    ("unified", "off", "f16"), ("split", "auto", "q8_0"), ("unified", "auto", "q8_0")])
 def test_imported_kv_gives_bit_identical_next_token_logits(embedded_model_path, layout,
-                                                           flash_attn):
-    runner = _runner(embedded_model_path, layout, flash_attn)
+                                                           flash_attn, kv_cache_type):
+    runner = _runner(embedded_model_path, layout, flash_attn, kv_cache_type=kv_cache_type)
     toks = runner.tokenizer.encode(PROMPT, add_special=True)
     n = len(toks)
     runner.execute([BatchItem(0, toks[:-1], 0, T0, [])])
     kv = runner.export_kv(0, T0, 0, n - 1)
+    # f16: 3 heads x 64; q8_0: those 192 values as 6 blocks of 32 (Q8_0_BLOCK)
+    assert (kv[0][0].dtype, kv[0][0].shape) == (
+        (np.dtype(np.float16), (n - 1, 3, 64)) if kv_cache_type == "f16"
+        else (Q8_0_BLOCK, (n - 1, 6)))
     # two chunks, the second appended to the first (llama.cpp's load clears its target)
     runner.import_kv(1, T1, 0, [(k[:5], v[:5]) for k, v in kv])
     runner.import_kv(1, T1, 5, [(k[5:], v[5:]) for k, v in kv])

@@ -50,24 +50,25 @@ def test_flash_attention_off_is_refused_in_one_line():
         RunnerConfig(kv_cache_type="q5_1")
 
 
-def test_two_box_refuses_a_quantized_cache_at_start_up():
+def test_two_box_refuses_a_q4_0_cache_at_start_up():
     peer = PeerConfig("127.0.0.1", 7070, b"")
     with pytest.raises(ValueError) as err:
-        EngineArgs(runner=RunnerConfig(kv_cache_type="q8_0"), prefill_peer=peer)
-    assert str(err.value) == ("two-box mode sends f16 KV; --kv-cache-type q8_0 is not "
-                              "supported with --prefill-peer yet")
+        EngineArgs(runner=RunnerConfig(kv_cache_type="q4_0"), prefill_peer=peer)
+    assert str(err.value) == ("two-box mode sends f16 or q8_0 KV; --kv-cache-type q4_0 is not "
+                              "supported with --prefill-peer")
     EngineArgs(runner=RunnerConfig(kv_cache_type="f16"), prefill_peer=peer)
+    EngineArgs(runner=RunnerConfig(kv_cache_type="q8_0"), prefill_peer=peer)
 
 
 def test_two_box_refusals_as_a_user_sees_them():
-    r = tandem("run", "--prefill-peer", "127.0.0.1:7070", "--kv-cache-type", "q8_0", "hi")
+    r = tandem("run", "--prefill-peer", "127.0.0.1:7070", "--kv-cache-type", "q4_0", "hi")
     assert (r.returncode, r.stdout, r.stderr) == (1, "", (
-        "tandem: error: two-box mode sends f16 KV; --kv-cache-type q8_0 is not supported "
-        "with --prefill-peer yet\n"))
+        "tandem: error: two-box mode sends f16 or q8_0 KV; --kv-cache-type q4_0 is not "
+        "supported with --prefill-peer\n"))
     r = tandem("prefill-worker", "--kv-cache-type", "q4_0")
     assert (r.returncode, r.stdout, r.stderr) == (2, "", (
-        "tandem prefill-worker: two-box mode sends f16 KV; --kv-cache-type q4_0 is not "
-        "supported by prefill-worker yet\n"))
+        "tandem prefill-worker: two-box mode sends f16 or q8_0 KV; --kv-cache-type q4_0 is "
+        "not supported by prefill-worker\n"))
 
 
 def test_mlx_refuses_a_quantized_cache(monkeypatch):

@@ -8,6 +8,7 @@ import struct
 import numpy as np
 import pytest
 
+from backends.base import Q8_0_BLOCK
 from backends.llamacpp import kv_transfer as kvt
 
 
@@ -152,11 +153,13 @@ def test_malformed_blobs_are_refused():
         kvt.parse_state(blob + b"\0", 1, 4)
     with pytest.raises(ValueError, match="row is 8 bytes, the model shape implies 16"):
         kvt.parse_state(blob, 2, 4)
-    q8 = bytearray(blob)
     k_type_at = 12 + 4 + 2 * 12 + 8
-    q8[k_type_at:k_type_at + 4] = struct.pack("<i", 8)
-    with pytest.raises(ValueError, match="type 8 is not f16"):
-        kvt.parse_state(bytes(q8), 1, 4)
+    for ggml_type, match in [(2, "K cache type 2 is not f16 or q8_0"),
+                             (8, "q8_0 KV needs kv_heads \\* head_dim divisible by 32, not 4")]:
+        other = bytearray(blob)
+        other[k_type_at:k_type_at + 4] = struct.pack("<i", ggml_type)
+        with pytest.raises(ValueError, match=match):
+            kvt.parse_state(bytes(other), 1, 4)
     two = bytes(kvt.build_state(_state([0], n_stream=2, stream=0)))
     two = two[:-4] + bytes(kvt.build_state(_state([0], n_stream=1)))[12:]  # stream 1 too
     with pytest.raises(ValueError, match="more than one stream"):
@@ -165,3 +168,44 @@ def test_malformed_blobs_are_refused():
         kvt.to_neutral(_state([0, 1]), 0, 3, interleaved=False)
     with pytest.raises(ValueError, match="twice"):
         kvt.to_neutral(_state([0, 0]), 0, 1, interleaved=False)
+
+
+def _q8_0(values: np.ndarray) -> np.ndarray:
+    """Blocks of 32 with d = 0.5 and quants `values` (int8), shape [cells, blocks]."""
+    blocks = np.zeros(values.shape[:-1] + (values.shape[-1] // 32,), Q8_0_BLOCK)
+    blocks["d"] = 0.5
+    blocks["qs"] = values.reshape(blocks.shape + (32,))
+    return blocks
+
+
+def test_q8_0_blob_bytes_and_round_trip():
+    """A q8_0 cache: one layer, 2 KV heads of 32 dims (2 blocks per token), positions 1 and 0
+    in cell order. Rows are llama.cpp's block_q8_0 (f16 d, 32 int8), K kept in cache order
+    even for an interleaved (NORM) model."""
+    q = (np.arange(2 * 64) % 97 - 48).astype(np.int8).reshape(2, 64)
+    k, v = _q8_0(q), _q8_0(-q)
+    state = kvt.SeqState(3, 1, 0, np.array([1, 0], np.int32), False, [k], [v])
+    blob = bytes(kvt.build_state(state))
+
+    def rows(quants):
+        return b"".join(np.float16(0.5).tobytes() + quants[c, 32 * b:32 * b + 32].tobytes()
+                        for c in range(2) for b in range(2))
+    want = (struct.pack("<IiI", 0xAF143CD8, 3, 1) + struct.pack("<I", 2)
+            + struct.pack("<iIi", 1, 1, 3) + struct.pack("<iIi", 0, 1, 3)
+            + struct.pack("<II", 0, 1)
+            + struct.pack("<iQ", 8, 68) + rows(q) + struct.pack("<iQ", 8, 68) + rows(-q))
+    assert blob == want
+    back = kvt.parse_state(blob, 2, 32)
+    assert back.keys[0].dtype == Q8_0_BLOCK and back.keys[0].shape == (2, 2)
+    (nk, nv), = kvt.to_neutral(back, 0, 2, interleaved=True, n_rot=32)
+    assert nk["qs"].reshape(2, 64).tolist() == [q[1].tolist(), q[0].tolist()]  # not permuted
+    assert nv["qs"].reshape(2, 64).tolist() == [(-q[1]).tolist(), (-q[0]).tolist()]
+    again = kvt.from_neutral([(nk, nv)], 0, seq_id=3, n_stream=1, stream=0, v_trans=False,
+                             interleaved=True, n_rot=32)
+    assert bytes(kvt.build_state(again)) == bytes(kvt.build_state(
+        kvt.SeqState(3, 1, 0, np.array([0, 1], np.int32), False, [k[::-1]], [v[::-1]])))
+    with pytest.raises(ValueError, match="a transposed V must be f16"):
+        kvt.build_state(kvt.SeqState(3, 1, 0, np.array([0], np.int32), True, [k[:1]], [v[:1]]))
+    with pytest.raises(ValueError, match="every K and V must be q8_0"):
+        kvt.from_neutral([(nk, nv.astype(Q8_0_BLOCK)), (nk, _q8_0(q)[:, :1])], 0, seq_id=0,
+                         n_stream=1, stream=0, v_trans=False, interleaved=False)
