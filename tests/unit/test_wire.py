@@ -13,6 +13,7 @@ import pytest
 from app.disagg import handshake as hs
 from app.disagg import wire
 from app.disagg.wire import FrameType, KVChunk, ProtocolError
+from backends.base import Q8_0_BLOCK
 from models.fingerprint import ModelFingerprint
 
 KEY = b"k" * 32
@@ -55,6 +56,35 @@ def test_golden_vectors():
     assert got.header() == CHUNK.header()
     assert bytes(got.k) == K and bytes(got.v) == V
     assert np.frombuffer(got.v, np.float16).tolist() == [-1.0, -2.0]
+
+
+# q8_0: one token, one KV head of 32 dims = one llama.cpp block_q8_0 each for K and V (f16 d,
+# then 32 int8): K d = 0.5, quants 0..31; V d = -0.25, quants 0, -1, ..., -31. Header 76 bytes
+# (dtype "q8_0"), payload 2 x 34 bytes.
+GOLDEN_KV_Q8_0 = bytes.fromhex(
+    "54444b5601070000" "4c000000" "4400000000000000"
+    "88a77265717565737407a56368756e6b01a56c6179657202a966697273745f706f7310a86e5f746f6b656e"
+    "7301a56474797065a471385f30a86b765f686561647301a8686561645f64696d20"
+    "0038" "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+    "00b4" "00fffefdfcfbfaf9f8f7f6f5f4f3f2f1f0efeeedecebeae9e8e7e6e5e4e3e2e1"
+    "4bf5d49c827bfbff711aea6d623e10e4")
+
+
+def test_golden_q8_0_kv_frame():
+    k, v = np.zeros(1, Q8_0_BLOCK), np.zeros(1, Q8_0_BLOCK)
+    k["d"], k["qs"], v["d"], v["qs"] = 0.5, np.arange(32), -0.25, -np.arange(32)
+    chunk = KVChunk(7, 1, 2, 16, 1, 1, 32, k.tobytes(), v.tobytes(), "q8_0")
+    assert _join(wire.encode_kv(chunk, KEY)) == GOLDEN_KV_Q8_0
+    got = wire.decode_kv(wire.decode(GOLDEN_KV_Q8_0, KEY)[0])
+    assert got.dtype == "q8_0"
+    back = np.frombuffer(got.v, Q8_0_BLOCK)
+    assert (float(back["d"][0]), back["qs"][0].tolist()) == (-0.25, (-np.arange(32)).tolist())
+    with pytest.raises(ProtocolError, match="K and V must be 34 bytes each"):
+        wire.encode_kv(KVChunk(7, 1, 2, 16, 1, 1, 32, K, V, "q8_0"), KEY)
+    header = {**chunk.header(), "head_dim": 48}  # not whole blocks
+    with pytest.raises(ProtocolError, match="q8_0 KV needs kv_heads \\* head_dim divisible "
+                                            "by 32, not 48"):
+        wire.parse_header(FrameType.KV, wire.msgpack.packb(header), 2 * 51)
 
 
 def _forge_payload_len(frame: bytes, n: int) -> bytes:
@@ -169,13 +199,16 @@ def test_malformed_msgpack_and_unknown_dtype():
 FP = ModelFingerprint("llama", 30, 3, 64, 100000.0, "none", "a" * 64, "b" * 64)
 
 
-async def _pair(client_secret, server_secret, client_fp=FP, server_fp=FP, hello=None):
-    """Run both sides; returns (client result, server result), exceptions as values."""
+async def _pair(client_secret, server_secret, client_fp=FP, server_fp=FP, hello=None,
+                kv_types=("f16", "f16")):
+    """Run both sides (`kv_types`: the client's and the server's KV cache types); returns
+    (client result, server result), exceptions as values."""
     done: asyncio.Future = asyncio.get_running_loop().create_future()
 
     async def serve(reader, writer):
         try:
-            done.set_result(await hs.server_handshake(reader, writer, server_secret, server_fp))
+            done.set_result(await hs.server_handshake(reader, writer, server_secret, server_fp,
+                                                      kv_cache_type=kv_types[1]))
         except Exception as e:
             done.set_result(e)
         finally:
@@ -190,7 +223,8 @@ async def _pair(client_secret, server_secret, client_fp=FP, server_fp=FP, hello=
             await writer.drain()
             client = await wire.read_frame(reader)
         else:
-            client = await hs.client_handshake(reader, writer, client_secret, client_fp)
+            client = await hs.client_handshake(reader, writer, client_secret, client_fp,
+                                               kv_cache_type=kv_types[0])
     except Exception as e:
         client = e
     writer.close()
@@ -211,6 +245,20 @@ async def test_wrong_secret_fails_on_both_sides():
     client, server = await _pair(b"s" * 32, b"t" * 32)
     assert isinstance(client, ProtocolError) and client.code == "auth"
     assert isinstance(server, ProtocolError) and server.code == "peer"
+
+
+async def test_kv_cache_types_must_match():
+    client, server = await _pair(b"s" * 32, b"s" * 32, kv_types=("q8_0", "q8_0"))
+    assert isinstance(client, hs.Session) and client.key == server.key
+    client, server = await _pair(b"s" * 32, b"s" * 32, kv_types=("f16", "q8_0"))
+    assert (client.code, client.detail, str(client)) == (
+        "fingerprint", "kv_cache_type", "KV cache types differ: here f16, peer q8_0 (run both "
+        "with the same --kv-cache-type)")
+    assert (server.code, server.detail) == ("peer", "fingerprint")
+    # an f16 side sends the model's fields alone, as before q8_0 existed (older peers agree)
+    assert hs._fingerprint_map(FP, None, "f16") == FP.to_dict()
+    assert hs._fingerprint_map(FP, 2, "q8_0") == {**FP.to_dict(), "threads": 2,
+                                                   "kv_cache_type": "q8_0"}
 
 
 async def test_different_model_names_the_field():
