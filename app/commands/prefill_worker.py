@@ -30,7 +30,7 @@ from app.commands.peer_flags import add_secret_arg
 from app.config import check_worker_kv
 from app.disagg.peer import DEFAULT_PORT, check_bind, read_secret
 
-# --kv-cache-type: only f16 until the wire carries q8_0 (refused below, one line)
+# --kv-cache-type: f16 or q8_0, the type the wire carries (q4_0 refused below, one line)
 FLAGS = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_CACHE_TYPE)
 DEFAULT_MAX_PROMPTS = 2  # a prompt's last chunk shares its step with the next one's first
 
