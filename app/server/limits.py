@@ -11,7 +11,8 @@ Both are `RequestLimitsMiddleware`, pure ASGI; the 413/408 bodies are in the sha
 - Slow or endless headers: a connection that has not delivered a request's complete headers
   within `HEADER_TIMEOUT_S` seconds of connecting (or of its first byte after a response) is
   closed (nginx's `client_header_timeout`), and headers still incomplete after
-  `MAX_HEADER_BYTES` (16 KiB, Node's default) get 400. uvicorn has neither for its httptools
+  `MAX_HEADER_BYTES` (16 KiB, Node's default), or whose request line and header lines
+  (as parsed) add up to more, however many reads brought them, get 400. uvicorn has neither for its httptools
   protocol, which the server speaks (its event loop spends less CPU per streamed chunk than
   with h11: README, Benchmarks), so `header_limits_protocol` adds both.
   Idle keep-alive connections are closed after uvicorn's `timeout_keep_alive` (5 s).
@@ -138,6 +139,10 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
+class _HeadersTooLarge(Exception):
+    """Raised in a parser callback to stop httptools (see `header_limits_protocol`)."""
+
+
 def header_limits_protocol(timeout_s: float, max_header_bytes: int = MAX_HEADER_BYTES,
                            write_timeout_s: float | None = WRITE_TIMEOUT_S
                            ) -> type[HttpToolsProtocol]:
@@ -150,6 +155,8 @@ def header_limits_protocol(timeout_s: float, max_header_bytes: int = MAX_HEADER_
         _header_timer: asyncio.TimerHandle | None = None
         _seen_cycle: Any = None
         _header_bytes = 0  # bytes received since the current request's headers began
+        _parsed_header_bytes = 0  # the current request's URL and header lines, as parsed
+        _headers_too_large = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -171,6 +178,31 @@ def header_limits_protocol(timeout_s: float, max_header_bytes: int = MAX_HEADER_
                         f"Request headers are larger than {max_header_bytes} bytes.")
                     return
                 self._arm()
+
+        # headers that arrive complete in one read never reach the count above: count what
+        # the parser hands over, and stop it (uvicorn then answers 400) past the limit
+        def on_message_begin(self) -> None:
+            self._parsed_header_bytes = 0
+            super().on_message_begin()
+
+        def on_url(self, url: bytes) -> None:
+            self._count_parsed(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count_parsed(len(name) + len(value) + 4)  # "name: value\r\n"
+            super().on_header(name, value)
+
+        def _count_parsed(self, n: int) -> None:
+            self._parsed_header_bytes += n
+            if self._parsed_header_bytes > max_header_bytes:
+                self._headers_too_large = True
+                raise _HeadersTooLarge  # httptools stops; uvicorn calls send_400_response
+
+        def send_400_response(self, msg: str) -> None:
+            if self._headers_too_large:
+                msg = f"Request headers are larger than {max_header_bytes} bytes."
+            super().send_400_response(msg)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()

@@ -299,6 +299,21 @@ def test_header_limit_is_per_request_on_a_kept_alive_connection(limited: Server)
     assert out.endswith(b"Request headers are larger than 16384 bytes.")
 
 
+def test_headers_over_the_limit_in_one_read_get_400(limited: Server) -> None:
+    sock = _connect(limited)
+    # complete headers in one send: 20 KB over three lines, each under the limit
+    pads = b"".join(b"X-Pad-%d: " % i + b"a" * 6_700 + b"\r\n" for i in range(3))
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + pads + b"\r\n")
+    out = _read_all(sock)
+    sock.close()
+    assert out.startswith(b"HTTP/1.1 400 ")
+    assert out.endswith(b"Request headers are larger than 16384 bytes.")
+    # up to the limit is served, and so is the next connection
+    sock = _connect(limited)
+    assert _health_on(sock, 16_000) == b"HTTP/1.1 200 OK"
+    sock.close()
+
+
 def test_idle_connection_is_closed(limited: Server) -> None:
     sock = _connect(limited)
     start = time.monotonic()
