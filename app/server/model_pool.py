@@ -555,7 +555,7 @@ def parse_duration(text: str) -> float:
     import re
 
     sign = -1.0 if text.startswith("-") else 1.0
-    body = text.lstrip("+-")
+    body = text[1:] if text[:1] in ("+", "-") else text
     if body == "0":
         return 0.0
     parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)", body)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -42,6 +41,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from app.server.errors import bad_request
+from app.server.model_pool import keep_alive_seconds
 from app.server.schemas import SamplingFields, _Body
 
 log = logging.getLogger("tandem.server")
@@ -61,7 +61,6 @@ HARDWARE_OPTIONS = ("num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap"
 # options tandem cannot apply, with the value that means "off"
 NEUTRAL = {"typical_p": 1.0, "mirostat": 0, "tfs_z": 1.0}
 # Go's time.ParseDuration units, for keep_alive strings ("5m", "1h30m", "-1s")
-_DURATION = re.compile(r"^[+-]?((\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))+$|^[+-]?0$")
 
 
 class OllamaMessage(_Body):
@@ -238,8 +237,7 @@ def check_keep_alive(value: Any) -> None:
     """`keep_alive` must be what Ollama parses (seconds, or a Go duration such as "5m");
     a server with a model pool applies it (`model_pool.keep_alive_seconds`), a one-model
     server keeps its model loaded while it runs."""
-    if isinstance(value, str) and value and not _DURATION.match(value):
-        raise bad_request(f'time: invalid duration "{value}"', "keep_alive")
+    keep_alive_seconds(value)
 
 
 def check_common(body: _OllamaBody) -> None:

@@ -198,6 +198,8 @@ def test_durations() -> None:
     assert parse_duration("0") == 0.0
     assert parse_duration("1.5m") == 90.0
     with pytest.raises(ValueError):
+        parse_duration("--5m")  # one sign at most, as Go's ParseDuration
+    with pytest.raises(ValueError):
         parse_duration("5 minutes")
     assert keep_alive_seconds(None) == keep_alive_seconds("") == "default"
     assert keep_alive_seconds(-1) is None and keep_alive_seconds("-5m") is None
