@@ -5,13 +5,15 @@ server; the e2e test (`tests/e2e/test_model_pool.py`) runs the real thing."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from app.server.errors import APIError
-from app.server.model_pool import ModelPool, keep_alive_seconds, parse_duration
+from app.server.model_pool import LOAD_NICE, ModelPool, keep_alive_seconds, parse_duration
 from app.server.store_models import scan_store, store_model
 
 
@@ -206,3 +208,28 @@ def test_durations() -> None:
     assert keep_alive_seconds(0) == 0.0 and keep_alive_seconds("10m") == 600.0
     with pytest.raises(APIError, match='time: invalid duration "soon"'):
         keep_alive_seconds("soon")
+
+
+def _nice() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="nice is per thread on Linux")
+async def test_a_load_runs_at_lower_priority_and_its_engine_starts_at_ours(store: Path) -> None:
+    seen: dict[str, int] = {}
+
+    class Startable(FakeEngine):
+        def start(self) -> None:
+            seen["start"] = _nice()
+
+    def load(path: Path) -> FakeEngine:
+        seen["load"] = _nice()
+        return Startable(path)
+
+    pool, _ = make_pool(store, Loader())
+    pool._load = load
+    lease = await pool.acquire("b")
+    lease.release()
+    assert seen == {"load": min(19, _nice() + LOAD_NICE), "start": _nice()}
+    assert _nice() == seen["start"]  # nothing lowered this thread (or the default executor)
+    assert await asyncio.to_thread(_nice) == _nice()
