@@ -19,8 +19,8 @@ cover the map as sent); an f16 peer omits the key, so its handshake is as before
 
 Either side that finds a problem sends ERROR {code, message} (tag key b"") and raises
 `ProtocolError`: "version", "auth" (wrong proof), "fingerprint" (`detail` = first differing
-field, or "kv_cache_type"). Both proofs cover both nonces and both fingerprints, so neither a replayed proof nor
-a fingerprint altered in transit passes.
+field, or "kv_cache_type"). Both proofs cover both nonces and both fingerprints, so neither a
+replayed proof nor a fingerprint altered in transit passes.
 """
 
 from __future__ import annotations

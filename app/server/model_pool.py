@@ -8,8 +8,8 @@ Policy (after Ollama's scheduler and llama-swap; `shared/notes/ecosystem.md` §1
   `LOAD_NICE` steps lower in CPU priority than the server (what it starts inherits it: the
   new model's step thread is started afterwards, at the server's priority), so that on a
   machine whose cores the running decodes keep busy, the load waits for them rather than
-  stalling them. Concurrent requests for a model wait for the
-  same load. Requests for loaded models never wait on a load.
+  stalling them. Concurrent requests for a model wait for the same load. Requests for
+  loaded models never wait on a load.
 - Room: at most `max_loaded` models, and their memory (file bytes + KV bytes allocated;
   a model not yet loaded is estimated as its file plus the first model's KV) within
   `memory_budget` bytes. To make room the least recently used model with no running

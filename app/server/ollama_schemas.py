@@ -60,7 +60,6 @@ HARDWARE_OPTIONS = ("num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap"
                     "draft_num_predict", "mirostat_tau", "mirostat_eta", "penalize_newline")
 # options tandem cannot apply, with the value that means "off"
 NEUTRAL = {"typical_p": 1.0, "mirostat": 0, "tfs_z": 1.0}
-# Go's time.ParseDuration units, for keep_alive strings ("5m", "1h30m", "-1s")
 
 
 class OllamaMessage(_Body):
