@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import msgpack
 
 from app.disagg.wire import Frame, FrameType, ProtocolError, encode_parts, read_frame, write_frame
+from backends.base import KV_CACHE_TYPES
 from models.fingerprint import ModelFingerprint, first_difference
 
 NONCE_BYTES = 32
@@ -63,7 +64,7 @@ def _check_kv_cache_type(mine: str, fp: dict) -> None:
     """Raises ProtocolError "header" (malformed) or "fingerprint" (differs) unless the peer's
     KV cache type equals `mine`."""
     theirs = fp.get("kv_cache_type", "f16")
-    if theirs not in ("f16", "q8_0", "q4_0"):
+    if theirs not in KV_CACHE_TYPES:
         raise ProtocolError("header", f"unknown kv_cache_type {theirs!r}")
     if theirs != mine:
         raise ProtocolError("fingerprint", f"KV cache types differ: here {mine}, peer {theirs} "

@@ -10,8 +10,9 @@ Frame = prefix | header | payload | tag:
 
 Every length is checked before anything of that size is allocated: the header against
 `MAX_HEADER_BYTES`, the payload against the size the header implies (KV: 2 * n_tokens *
-kv_heads * head_dim * 2 bytes for f16, 34 per 32 values for q8_0; other types 0) and against `max_payload`. Errors raise
-`ProtocolError` whose `code` names the reason (for fallback counters).
+kv_heads * head_dim * 2 bytes for f16, 34 bytes per 32 values for q8_0; other types 0) and
+against `max_payload`. Errors raise `ProtocolError` whose `code` names the reason (for
+fallback counters).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 import msgpack
 
-from backends.base import kv_row_bytes
+from backends.base import KV_TRANSFER_DTYPES, kv_row_bytes
 
 MAGIC = b"TDKV"
 PROTOCOL_VERSION = 1
@@ -115,7 +116,7 @@ def kv_payload_bytes(header: dict[str, Any]) -> int:
     """Payload size a KV header implies: K and V, `n_tokens * kv_heads * head_dim` values
     each (`backends.base.kv_row_bytes`). Raises ProtocolError("header") for an unknown
     dtype, or a q8_0 row that is not whole blocks."""
-    if header["dtype"] not in ("f16", "q8_0"):
+    if header["dtype"] not in KV_TRANSFER_DTYPES:
         raise ProtocolError("header", f"unknown KV dtype {header['dtype']!r}")
     try:
         row = kv_row_bytes(header["dtype"], header["kv_heads"] * header["head_dim"])
