@@ -64,6 +64,9 @@ def register(subparsers) -> None:
                       metavar="TOKENS",
                       help="generated tokens (default: 32, the length inferred for EXO's "
                            "figures from their generation times and the bandwidths)")
+    plan.add_argument("--kv-cache-type", choices=("f16", "q8_0"), default="f16",
+                      help="KV cache type of both boxes: what the split sends and decode "
+                           "reads (q8_0: 34 bytes per 32 values) (default: f16)")
     plan.add_argument("--link", default="10gbe", metavar="NAME",
                       help="network between the boxes (default: 10gbe)")
     plan.add_argument("--devices", default=None, metavar="FILE",
@@ -109,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
 def _model_and_here(args, catalog):
     """(the model shape, this machine as a Device or None). A served model is resolved
     without fetching: plan for what is here."""
-    from app.disagg.here import here_device, measure, model_shape
+    from dataclasses import replace
+
+    from app.disagg.here import KV_BYTES, here_device, measure, model_shape
     from app.loader import display_name
     from models.store import resolve_model
 
@@ -119,11 +124,13 @@ def _model_and_here(args, catalog):
                 raise ValueError(f"{flag} is for --here, which is not given")
         name = args.model or "llama-3.1-8b"
         if name in catalog.models:
-            return catalog.model(name), None
-        return model_shape(resolve_model(name, pull_missing=False), display_name(name)), None
+            return replace(catalog.model(name),
+                           kv_bytes_per_elem=KV_BYTES[args.kv_cache_type]), None
+        return model_shape(resolve_model(name, pull_missing=False), display_name(name),
+                           args.kv_cache_type), None
     name = args.model or DEFAULT_MODEL
     path = resolve_model(name, pull_missing=False)
-    model = model_shape(path, display_name(name))
+    model = model_shape(path, display_name(name), args.kv_cache_type)
     here = here_device(model, measure(path, threads=args.threads, remeasure=args.remeasure))
     catalog.devices["here"] = here
     return model, here

@@ -1,8 +1,9 @@
 """`tandem two-box plan --here`: this machine and the served model as the planner sees them.
 
 - The model's shape (layers, heads, KV heads, head dim, hidden size, vocabulary, parameters,
-  tied LM head, bytes per weight) is read from its GGUF; the KV dtype is f16, the only one
-  tandem's llama.cpp cache and the wire carry (2 bytes per element).
+  tied LM head, bytes per weight) is read from its GGUF; the KV dtype is `--kv-cache-type`,
+  f16 (2 bytes per element) or q8_0 (34 per 32), what tandem's llama.cpp cache holds and the
+  wire carries.
 - This machine is measured with that model: the decode step is t(1) of the step-time curve
   (`app.spec_profile`, cached per machine, model, backend and threads, as `serve` uses it);
   the prefill is one `PREFILL_TOKENS`-token step, best of `PREFILL_REPEATS`, cached next to
@@ -24,7 +25,7 @@ from app.disagg.planner import GB, TFLOPS, Device, ModelShape, PlannerError
 PREFILL_TOKENS = 512  # one chunk, as the engine prefills (max_batch_tokens)
 PREFILL_REPEATS = 2
 DECODE_CONTEXT = 128  # the step-time curve's context (app.engine.spec_decode.profile)
-KV_DTYPE, KV_BYTES = "f16", 2.0
+KV_BYTES = {"f16": 2.0, "q8_0": 34 / 32}  # per value, by --kv-cache-type (the wire's dtypes)
 
 
 def _field(reader, key: str, default=None):
@@ -32,8 +33,9 @@ def _field(reader, key: str, default=None):
     return default if f is None else f.contents()
 
 
-def model_shape(path: str | Path, name: str) -> ModelShape:
-    """The planner's shape of the GGUF at `path`. Per-layer KV head counts (some hybrid
+def model_shape(path: str | Path, name: str, kv_cache_type: str = "f16") -> ModelShape:
+    """The planner's shape of the GGUF at `path`, its KV in `kv_cache_type` ("f16" or
+    "q8_0": what the cache holds and the wire sends). Per-layer KV head counts (some hybrid
     models) count as their largest. Raises PlannerError if it is not a readable GGUF or
     lacks the keys."""
     import gguf
@@ -62,8 +64,9 @@ def model_shape(path: str | Path, name: str) -> ModelShape:
         name=name, description=f"{name} ({Path(path).name})", params=params,
         layers=int(layers), heads=heads, kv_heads=kv, head_dim=head_dim, hidden=int(hidden),
         vocab=int(vocab), tied_embeddings="output.weight" not in tensors,
-        weight_bytes_per_param=weight_bytes / params, kv_bytes_per_elem=KV_BYTES,
-        source=f"read from {path}; KV {KV_DTYPE}, tandem's cache and wire dtype")
+        weight_bytes_per_param=weight_bytes / params,
+        kv_bytes_per_elem=KV_BYTES[kv_cache_type],
+        source=f"read from {path}; KV {kv_cache_type}, tandem's cache and wire dtype")
 
 
 @dataclass(frozen=True, slots=True)

@@ -219,6 +219,12 @@ def test_cli_here_on_the_embedded_model(embedded_model, monkeypatch, capsys) -> 
     assert out["here"]["fp16_tflops"] == shape.prefill_flops(512) / 2.0 / 1e12
     assert out["here"]["memory_bandwidth_gbs"] == shape.decode_bytes(128, 1) / 0.010 / 1e9
     assert out["kv_bytes"] == 23_040 * 8192
+    # a q8_0 cache on both boxes: 34 bytes per 32 values on the wire and in decode's reads
+    assert main(["two-box", "plan", "--here", "--json", "--kv-cache-type", "q8_0"]) == 0
+    q8 = json.loads(capsys.readouterr().out)
+    assert (q8["model_shape"]["kv_bytes_per_elem"], q8["kv_bytes"]) == (34 / 32, 12_240 * 8192)
+    assert main(["two-box", "plan", "--json", "--kv-cache-type", "q8_0"]) == 0  # a table model
+    assert json.loads(capsys.readouterr().out)["kv_bytes"] == 2 * 32 * 8 * 128 * 34 / 32 * 8192
     # the decode step the planner predicts for this box is the one measured (128 of context)
     assert out["decode_box"]["decode_s"] == pytest.approx(
         0.010 * shape.decode_bytes(8192, 32) / shape.decode_bytes(128, 1))
