@@ -208,8 +208,9 @@ def kv_shape(dtype: str, n: int, n_kv_heads: int, head_dim: int) -> tuple[int, .
 
 @runtime_checkable
 class SupportsKVTransfer(Protocol):
-    """KV export/import in the neutral layout (`LayerKV`), for the two-box mode. A runner
-    implementing it sets `capabilities.kv_transfer`."""
+    """KV export/import in the neutral layout (`LayerKV`; a q8_0 cache's blocks as they are,
+    `Q8_0_BLOCK`), for the two-box mode. A runner implementing it sets
+    `capabilities.kv_transfer`."""
 
     def export_kv(self, slot: int, block_table: list[int], start: int, n: int) -> list[LayerKV]:
         """K/V of positions `start .. start+n-1` of `slot`, one `LayerKV` per layer.

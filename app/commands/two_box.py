@@ -20,6 +20,7 @@ import json
 import sys
 
 from app.commands.engine_flags import positive_int
+from backends.base import KV_TRANSFER_DTYPES
 from models.registry import DEFAULT_MODEL
 
 EXO_OUTPUT_TOKENS = 32  # inferred, not published by EXO: see devices.toml
@@ -64,7 +65,7 @@ def register(subparsers) -> None:
                       metavar="TOKENS",
                       help="generated tokens (default: 32, the length inferred for EXO's "
                            "figures from their generation times and the bandwidths)")
-    plan.add_argument("--kv-cache-type", choices=("f16", "q8_0"), default="f16",
+    plan.add_argument("--kv-cache-type", choices=tuple(KV_TRANSFER_DTYPES), default="f16",
                       help="KV cache type of both boxes: what the split sends and decode "
                            "reads (q8_0: 34 bytes per 32 values) (default: f16)")
     plan.add_argument("--link", default="10gbe", metavar="NAME",

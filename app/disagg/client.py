@@ -103,7 +103,7 @@ class PrefillClient:
         self.max_payload = max_payload
         self.policy = PrefillPolicy(
             peer.policy, 2 * n_layers * kv_row_bytes(kv_cache_type, n_kv_heads * head_dim))
-        self._estimates_path = _estimates_path(peer, fingerprint)
+        self._estimates_path = _estimates_path(peer, fingerprint, kv_cache_type)
         try:
             self.policy.load_estimates(json.loads(self._estimates_path.read_text()))
         except (OSError, ValueError, AttributeError):
@@ -349,10 +349,13 @@ class PrefillClient:
         stats["worker_tokens"] = h["computed"]
 
 
-def _estimates_path(peer: PeerConfig, fingerprint: ModelFingerprint) -> Path:
-    """Where the policy's estimates for this peer and model are kept: the model store's
-    profiles directory (next to the step-time curves)."""
-    key = hashlib.sha256(f"{peer.host}:{peer.port}|{fingerprint.weights_digest}".encode())
+def _estimates_path(peer: PeerConfig, fingerprint: ModelFingerprint,
+                    kv_cache_type: str = "f16") -> Path:
+    """Where the policy's estimates for this peer, model and KV type are kept (a q8_0
+    transfer and import run at other rates): the model store's profiles directory (next to
+    the step-time curves). An f16 key is as before q8_0 existed."""
+    kv = "" if kv_cache_type == "f16" else f"|{kv_cache_type}"
+    key = hashlib.sha256(f"{peer.host}:{peer.port}|{fingerprint.weights_digest}{kv}".encode())
     return store_dir() / "profiles" / f"two-box-{key.hexdigest()[:16]}.json"
 
 

@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.disagg.planner import GB, TFLOPS, Device, ModelShape, PlannerError
+from backends.base import KV_TRANSFER_DTYPES, kv_row_bytes
 
 PREFILL_TOKENS = 512  # one chunk, as the engine prefills (max_batch_tokens)
 PREFILL_REPEATS = 2
 DECODE_CONTEXT = 128  # the step-time curve's context (app.engine.spec_decode.profile)
-KV_BYTES = {"f16": 2.0, "q8_0": 34 / 32}  # per value, by --kv-cache-type (the wire's dtypes)
+# bytes per KV value, by --kv-cache-type (the wire's dtypes)
+KV_BYTES = {t: kv_row_bytes(t, 32) / 32 for t in KV_TRANSFER_DTYPES}
 
 
 def _field(reader, key: str, default=None):

@@ -190,7 +190,8 @@ class LLMEngine:
 
     def import_remote_kv(self, request_id: str, start: int, kv: list[LayerKV]) -> bool:
         """Write one verified chunk of a remote prefill: per layer (K, V) `[n, kv_heads,
-        head_dim]` float16 for positions `start .. start+n-1`. Returns False (and ends the
+        head_dim]` float16 (or q8_0 blocks `[n, blocks]`, `backends.base.LayerKV`) for
+        positions `start .. start+n-1`. Returns False (and ends the
         transfer, keeping what was imported) if the request is no longer waiting for it, the
         chunk does not continue its KV, or the runner refuses it."""
         r = self.requests.get(request_id)

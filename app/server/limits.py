@@ -11,8 +11,8 @@ Both are `RequestLimitsMiddleware`, pure ASGI; the 413/408 bodies are in the sha
 - Slow or endless headers: a connection that has not delivered a request's complete headers
   within `HEADER_TIMEOUT_S` seconds of connecting (or of its first byte after a response) is
   closed (nginx's `client_header_timeout`), and headers still incomplete after
-  `MAX_HEADER_BYTES` (16 KiB, Node's default), or whose request line and header lines (as
-  parsed) add up to more, however many reads brought them, get 400. uvicorn has neither for
+  `MAX_HEADER_BYTES` (16 KiB, Node's default), or whose URL and header lines (as parsed:
+  name, value and 4 bytes each) add up to more, however many reads brought them, get 400. uvicorn has neither for
   its httptools protocol, which the server speaks (its event loop spends less CPU per
   streamed chunk than with h11: README, Benchmarks), so `header_limits_protocol` adds both.
   Idle keep-alive connections are closed after uvicorn's `timeout_keep_alive` (5 s).

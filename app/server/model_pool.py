@@ -390,9 +390,13 @@ class ModelPool:
                     raise busy(slot.name, self.wait_s)  # nobody wants it any more
                 log.info("loading %s (%s)", slot.name, slot.model.path)
                 engine = await load_at_low_priority(self._load, slot.model.path)
-                start = getattr(engine, "start", None)
-                if start is not None:  # its step thread, at this thread's priority
-                    start()
+                try:
+                    start = getattr(engine, "start", None)
+                    if start is not None:  # its step thread, at this thread's priority
+                        start()
+                except BaseException:
+                    await asyncio.to_thread(engine.shutdown)
+                    raise
             except Exception as exc:  # noqa: BLE001 - answered to the waiting requests
                 slot.loading = None
                 fut.set_exception(exc if isinstance(exc, APIError) else load_failed(slot.name,

@@ -32,6 +32,7 @@ exact (a permutation of f16 values: no rounding). V is never permuted.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -161,12 +162,13 @@ def parse_state(blob, n_kv_heads: int, head_dim: int) -> SeqState:
             k_type, k_row = r.take("<iQ")
             dtype = _checked_type("K", k_type, k_row, width)
             shape = kv_shape(dtype, cells, n_kv_heads, head_dim)
-            state.keys.append(r.array(KV_TRANSFER_DTYPES[dtype], _count(shape)).reshape(shape))
+            state.keys.append(r.array(KV_TRANSFER_DTYPES[dtype], math.prod(shape)).reshape(shape))
         for _ in range(n_layer):
             if v_trans:
                 v_type, el, dim = r.take("<iII")
-                if _checked_type("V", v_type, el * dim, width) != "f16":
+                if v_type != GGML_TYPE_F16:
                     raise ValueError("a transposed V must be f16")
+                _checked_type("V", v_type, el * dim, width)
                 v = r.array(_F16, dim * cells).reshape(dim, cells).T
                 state.values.append(v.reshape(cells, n_kv_heads, head_dim))
             else:
@@ -174,14 +176,10 @@ def parse_state(blob, n_kv_heads: int, head_dim: int) -> SeqState:
                 dtype = _checked_type("V", v_type, v_row, width)
                 shape = kv_shape(dtype, cells, n_kv_heads, head_dim)
                 state.values.append(
-                    r.array(KV_TRANSFER_DTYPES[dtype], _count(shape)).reshape(shape))
+                    r.array(KV_TRANSFER_DTYPES[dtype], math.prod(shape)).reshape(shape))
     if r.off != len(r.buf):
         raise ValueError(f"{len(r.buf) - r.off} unexpected bytes after the state")
     return state
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape))
 
 
 def _checked_type(which: str, ggml_type: int, row_bytes: int, width: int) -> str:
@@ -254,7 +252,7 @@ def _row(layer) -> tuple[int, int]:
     """(ggml type, bytes per token) of a layer's K or V (an array or its segments)."""
     a = _segments(layer)[0]
     return (_GGML_TYPE_OF[kv_dtype_of(a)],
-            a.dtype.itemsize * _count(a.shape[1:]))
+            a.dtype.itemsize * math.prod(a.shape[1:]))
 
 
 def build_state(state: SeqState) -> bytearray:

@@ -20,8 +20,8 @@ def host_blob(size: int) -> np.ndarray:
     """A writable `size`-byte uint8 array in pages of its own (an anonymous mmap), returned
     to the OS the moment the array is freed. Saved prefixes are megabytes each, live for
     minutes and come and go in other sizes beside each other; from malloc's heap (glibc
-    raises its mmap threshold to 32 MiB after the first large free) their freed holes stayed
-    in the server's RSS and grew it in steps (the soak bench, README)."""
+    raises its mmap threshold to the size of each large chunk freed, up to 32 MiB) their
+    freed holes stayed in the server's RSS and grew it in steps (the soak bench, README)."""
     if size == 0:
         return np.empty(0, dtype=np.uint8)
     return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)

@@ -367,8 +367,10 @@ class LlamaCppRunner:
     def _load_state(self, seq: int, state: kvt.SeqState) -> None:
         # llama.cpp refuses a blob whose v_trans differs from the context's, and does not
         # say how "auto" flash attention resolved (on: V untransposed): until a load has
-        # succeeded, try both. A refused load only cleared `seq`, which is rewritten whole.
-        tries = [self._kv_v_trans] if self._kv_v_trans is not None else [False, True]
+        # succeeded, try both (a quantized V is never transposed: it needs flash attention).
+        # A refused load only cleared `seq`, which is rewritten whole.
+        tries = ([self._kv_v_trans] if self._kv_v_trans is not None
+                 else [False] if self.kv_cache_type != "f16" else [False, True])
         for v_trans in tries:
             state.v_trans = v_trans
             blob = kvt.build_state(state)

@@ -233,3 +233,22 @@ async def test_a_load_runs_at_lower_priority_and_its_engine_starts_at_ours(store
     assert seen == {"load": min(19, _nice() + LOAD_NICE), "start": _nice()}
     assert _nice() == seen["start"]  # nothing lowered this thread (or the default executor)
     assert await asyncio.to_thread(_nice) == _nice()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="nice is per thread on Linux")
+def test_a_loading_thread_knows_its_timings_are_not_the_machines() -> None:
+    """`spec_profile` does not cache a step-time profile measured in a lowered thread."""
+    from app.server.model_pool import _lower_priority
+    from app.spec_profile import _priority_lowered
+
+    seen = {}
+
+    def run() -> None:
+        seen["before"] = _priority_lowered()
+        _lower_priority()
+        seen["after"] = _priority_lowered()
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert seen == {"before": False, "after": True}
