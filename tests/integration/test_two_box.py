@@ -35,21 +35,24 @@ def Worker(tmp: Path, *extra: str) -> WorkerProcess:
     return WorkerProcess(tmp, "--threads", "1", "--ctx-size", "2048", *extra)
 
 
-@pytest.fixture(scope="module")
-def local(embedded_model):
-    engine = load_engine(EngineArgs(model=str(embedded_model), runner=RUNNER))
+def engines(model, runner: RunnerConfig, split: bool):
+    """A module fixture's engine: one box, or the decode box of a split (its worker's port
+    set later by `point_at`), with `runner`'s settings."""
+    peer = PeerConfig("127.0.0.1", 1, frame_timeout_s=1.0, first_frame_timeout_s=8.0,
+                      policy=PolicyConfig(mode="always")) if split else None
+    engine = load_engine(EngineArgs(model=str(model), runner=runner, prefill_peer=peer))
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local(embedded_model):
+    yield from engines(embedded_model, RUNNER, split=False)
 
 
 @pytest.fixture(scope="module")
 def split(embedded_model):
-    peer = PeerConfig("127.0.0.1", 1, frame_timeout_s=1.0, first_frame_timeout_s=8.0,
-                      policy=PolicyConfig(mode="always"))
-    engine = load_engine(EngineArgs(model=str(embedded_model), runner=RUNNER,
-                                    prefill_peer=peer))
-    yield engine
-    engine.shutdown()
+    yield from engines(embedded_model, RUNNER, split=True)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from app.disagg.peer import PeerConfig
 from app.disagg.policy import PolicyConfig
 from app.loader import load_engine
 from backends.base import RunnerConfig
-from tests.integration.test_two_box import Worker, generate, point_at, prompt_ids
+from tests.integration.test_two_box import Worker, engines, generate, point_at, prompt_ids
 
 RUNNER = RunnerConfig(max_seqs=4, seq_tokens=2048, n_threads=1, kv_cache_type="q8_0")
 PEER = dict(frame_timeout_s=1.0, first_frame_timeout_s=8.0, policy=PolicyConfig(mode="always"))
@@ -20,17 +20,12 @@ PEER = dict(frame_timeout_s=1.0, first_frame_timeout_s=8.0, policy=PolicyConfig(
 
 @pytest.fixture(scope="module")
 def local(embedded_model):
-    engine = load_engine(EngineArgs(model=str(embedded_model), runner=RUNNER))
-    yield engine
-    engine.shutdown()
+    yield from engines(embedded_model, RUNNER, split=False)
 
 
 @pytest.fixture(scope="module")
 def split(embedded_model):
-    engine = load_engine(EngineArgs(model=str(embedded_model), runner=RUNNER,
-                                    prefill_peer=PeerConfig("127.0.0.1", 1, **PEER)))
-    yield engine
-    engine.shutdown()
+    yield from engines(embedded_model, RUNNER, split=True)
 
 
 @pytest.fixture(scope="module")
