@@ -27,13 +27,11 @@ def display_name(model: str) -> str:
     return Path(model).stem if model.endswith(".gguf") else model
 
 
-def load_engine(args: EngineArgs, *, pull_missing: bool = True,
-                start: bool = True) -> AsyncEngine:
+def load_engine(args: EngineArgs, *, pull_missing: bool = True) -> AsyncEngine:
     """Resolve `args.model` (fetching a registry model unless `pull_missing` is False),
     load it on the chosen backend, give it a speculator (measuring or reading the cached
     step-time curves) when speculation is on and the runner truncates exactly, with the
-    draft model of `args.draft_model` if given, and start the step thread (unless `start`
-    is False: then the caller calls `AsyncEngine.start`).
+    draft model of `args.draft_model` if given, and start the step thread.
 
     Raises:
         FileNotFoundError / models.errors.ModelStoreError: no such model (or not fetched).
@@ -55,7 +53,7 @@ def load_engine(args: EngineArgs, *, pull_missing: bool = True,
         for r in opened:
             r.close()
         raise
-    async_engine = AsyncEngine(engine, display_name(args.model), backend_name, start=start)
+    async_engine = AsyncEngine(engine, display_name(args.model), backend_name)
     async_engine.model_path = Path(path)
     if client is not None:
         client.attach(async_engine)

@@ -17,8 +17,6 @@ import json
 import logging
 import os
 import platform
-import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,18 +121,6 @@ def stale(points: dict[int, float], online: Online) -> str | None:
     return None
 
 
-def _priority_lowered() -> bool:
-    """Whether this thread runs at a lower CPU priority than the process's main thread
-    (`app.server.model_pool` loads models so): its timings are not this machine's."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        return (os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-                > os.getpriority(os.PRIO_PROCESS, os.getpid()))
-    except OSError:
-        return False
-
-
 def load_profile(runner: Runner, model_path: Path, backend: str,
                  remeasure: bool = False) -> StepProfile:
     """The cached profile when it can be trusted; else measured (about 1-6 s), measured a
@@ -160,8 +146,6 @@ def load_profile(runner: Runner, model_path: Path, backend: str,
             break
         log.info("step-time profile %s: measurement %d not trusted (%s)", path.name,
                  attempt + 1, problem)
-    if problem is None and _priority_lowered():
-        problem = "measured at a lowered CPU priority (a model loaded beside running ones)"
     profile = StepProfile(path, model_path.name, backend, fastest_monotone(times),
                           trusted=problem is None)
     if profile.trusted:

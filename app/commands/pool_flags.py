@@ -81,7 +81,7 @@ def make_pool(args: argparse.Namespace, engine: Any, flags: tuple, spec_names: s
         # the other models get the same engine flags, without the --model's draft or peer
         eargs = engine_args_from(args, flags, model=str(path), draft_model=None)
         eargs.prefill_peer = None
-        return load_engine(eargs, pull_missing=False, start=False)  # the pool starts it
+        return load_engine(eargs, pull_missing=False)
 
     path = Path(getattr(engine, "model_path", None) or args.model)
     found = store_model(path, engine.model_name)

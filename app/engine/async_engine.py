@@ -84,10 +84,7 @@ class AsyncEngine:
     scheduler's `max_num_seqs + max_waiting` requests in flight.
     """
 
-    def __init__(self, engine: LLMEngine, model_name: str, backend_name: str,
-                 start: bool = True):
-        """`start`: start the step thread now; else `start()` does (a thread inherits the
-        CPU priority of the thread that starts it: `model_pool` loads at a lower one)."""
+    def __init__(self, engine: LLMEngine, model_name: str, backend_name: str):
         self.engine = engine
         self.runner: Runner = engine.runner
         self.model_name = model_name
@@ -112,13 +109,7 @@ class AsyncEngine:
         engine.scheduler.defer_releases = True  # see _loop
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="tandem-step", daemon=True)
-        if start:
-            self._thread.start()
-
-    def start(self) -> None:
-        """Start the step thread (once; later calls do nothing)."""
-        if self._thread.ident is None:
-            self._thread.start()
+        self._thread.start()
 
     def describe(self) -> dict[str, object]:
         """What serves requests: backend, model, KV layout, KV bytes allocated, KV cache type

@@ -3,13 +3,9 @@ names and unloading what it no longer needs.
 
 Policy (after Ollama's scheduler and llama-swap; `shared/notes/ecosystem.md` §1):
 - A request naming a model that is not loaded waits for its load; one load runs at a
-  time (a worker task runs them in order, each in a thread of its own, so the event loop
-  and the loaded models' step threads keep serving). On Linux that thread runs
-  `LOAD_NICE` steps lower in CPU priority than the server (what it starts inherits it: the
-  new model's step thread is started afterwards, at the server's priority), so that on a
-  machine whose cores the running decodes keep busy, the load waits for them rather than
-  stalling them. Concurrent requests for a model wait for the same load. Requests for
-  loaded models never wait on a load.
+  time (a worker task runs them in order, each in a thread, so the event loop and the
+  loaded models' step threads keep serving). Concurrent requests for a model wait for the
+  same load. Requests for loaded models never wait on a load.
 - Room: at most `max_loaded` models, and their memory (file bytes + KV bytes allocated;
   a model not yet loaded is estimated as its file plus the first model's KV) within
   `memory_budget` bytes. To make room the least recently used model with no running
@@ -38,12 +34,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +52,6 @@ LEASES = "tandem_model_leases"  # key of a request's leases in its ASGI scope's 
 MAX_LOADED = 3  # Ollama's OLLAMA_MAX_LOADED_MODELS default on CPU (3 per GPU)
 KEEP_ALIVE_S = 300.0  # Ollama's OLLAMA_KEEP_ALIVE default, 5m
 WAIT_S = 300.0  # Ollama's OLLAMA_LOAD_TIMEOUT default, 5m
-LOAD_NICE = 10  # nice increment of a loading thread (Linux; see the module docstring)
 RETRY_AFTER_S = 5
 OLLAMA_TAG = ":latest"
 
@@ -389,14 +380,7 @@ class ModelPool:
                 if not slot.waiters:
                     raise busy(slot.name, self.wait_s)  # nobody wants it any more
                 log.info("loading %s (%s)", slot.name, slot.model.path)
-                engine = await load_at_low_priority(self._load, slot.model.path)
-                try:
-                    start = getattr(engine, "start", None)
-                    if start is not None:  # its step thread, at this thread's priority
-                        start()
-                except BaseException:
-                    await asyncio.to_thread(engine.shutdown)
-                    raise
+                engine = await asyncio.to_thread(self._load, slot.model.path)
             except Exception as exc:  # noqa: BLE001 - answered to the waiting requests
                 slot.loading = None
                 fut.set_exception(exc if isinstance(exc, APIError) else load_failed(slot.name,
@@ -479,29 +463,6 @@ def busy(name: str, wait_s: float) -> APIError:
     return APIError(503, f"The model `{name}` is not loaded and the loaded models are busy "
                     f"(waited {wait_s:g} s for room); please retry shortly.", SERVER_ERROR,
                     "model", "model_busy", headers={"Retry-After": str(RETRY_AFTER_S)})
-
-
-def _lower_priority() -> None:
-    """Lower the calling thread's CPU priority by `LOAD_NICE` (Linux: nice is per thread;
-    elsewhere `setpriority` would apply to the whole process, so nothing is done)."""
-    if not sys.platform.startswith("linux"):
-        return
-    tid = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid,
-                       min(19, os.getpriority(os.PRIO_PROCESS, tid) + LOAD_NICE))
-    except OSError as e:  # a sandbox that forbids it: load at the normal priority
-        log.debug("could not lower the load's priority: %s", e)
-
-
-async def load_at_low_priority(load: Callable[[Path], Any], path: Path) -> Any:
-    """`load(path)` in a new thread whose priority is lowered first (`_lower_priority`);
-    the thread ends with the load, so no later work inherits its priority."""
-    pool = ThreadPoolExecutor(1, "tandem-load", initializer=_lower_priority)
-    try:
-        return await asyncio.get_running_loop().run_in_executor(pool, load, path)
-    finally:
-        pool.shutdown(wait=False)  # cancelled: the load finishes in its thread unwaited
 
 
 def load_failed(name: str, exc: BaseException) -> APIError:

@@ -5,15 +5,13 @@ server; the e2e test (`tests/e2e/test_model_pool.py`) runs the real thing."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from app.server.errors import APIError
-from app.server.model_pool import LOAD_NICE, ModelPool, keep_alive_seconds, parse_duration
+from app.server.model_pool import ModelPool, keep_alive_seconds, parse_duration
 from app.server.store_models import scan_store, store_model
 
 
@@ -208,47 +206,3 @@ def test_durations() -> None:
     assert keep_alive_seconds(0) == 0.0 and keep_alive_seconds("10m") == 600.0
     with pytest.raises(APIError, match='time: invalid duration "soon"'):
         keep_alive_seconds("soon")
-
-
-def _nice() -> int:
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="nice is per thread on Linux")
-async def test_a_load_runs_at_lower_priority_and_its_engine_starts_at_ours(store: Path) -> None:
-    seen: dict[str, int] = {}
-
-    class Startable(FakeEngine):
-        def start(self) -> None:
-            seen["start"] = _nice()
-
-    def load(path: Path) -> FakeEngine:
-        seen["load"] = _nice()
-        return Startable(path)
-
-    pool, _ = make_pool(store, Loader())
-    pool._load = load
-    lease = await pool.acquire("b")
-    lease.release()
-    assert seen == {"load": min(19, _nice() + LOAD_NICE), "start": _nice()}
-    assert _nice() == seen["start"]  # nothing lowered this thread (or the default executor)
-    assert await asyncio.to_thread(_nice) == _nice()
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="nice is per thread on Linux")
-def test_a_loading_thread_knows_its_timings_are_not_the_machines() -> None:
-    """`spec_profile` does not cache a step-time profile measured in a lowered thread."""
-    from app.server.model_pool import _lower_priority
-    from app.spec_profile import _priority_lowered
-
-    seen = {}
-
-    def run() -> None:
-        seen["before"] = _priority_lowered()
-        _lower_priority()
-        seen["after"] = _priority_lowered()
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    assert seen == {"before": False, "after": True}
