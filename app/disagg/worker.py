@@ -343,8 +343,12 @@ class PrefillWorker:
 
     async def _send_chunk(self, writer, key: bytes, request: int, chunk: int, first_pos: int,
                           kv) -> None:
-        info = self.engine.runner.info
-        n, heads, dim = len(kv[0][0]), info.n_kv_heads, info.head_dim
+        k0 = kv[0][0]
+        if k0.ndim == 3:  # f16 `[n, kv_heads, head_dim]`
+            n, heads, dim = k0.shape
+        else:  # q8_0 blocks `[n, blocks]`: the heads are the model's
+            info = self.engine.runner.info
+            n, heads, dim = len(k0), info.n_kv_heads, info.head_dim
         for layer, (k, v) in enumerate(kv):
             await self._send(writer, encode_kv(KVChunk(
                 request, chunk, layer, first_pos, n, heads, dim, _bytes(k), _bytes(v),
