@@ -232,20 +232,14 @@ def response_format(value: Any) -> Any:
                       f"{json.dumps(value)}", "format")
 
 
-def check_keep_alive(value: Any) -> None:
-    """`keep_alive` must be what Ollama parses (seconds, or a Go duration such as "5m");
-    a server with a model pool applies it (`model_pool.keep_alive_seconds`), a one-model
-    server keeps its model loaded while it runs."""
-    keep_alive_seconds(value)
-
-
-def check_common(body: _OllamaBody) -> None:
+def check_common(body: _OllamaBody) -> float | None | str:
     """Refusals shared by chat and generate: `truncate` / `shift` true (tandem never drops
     history or shifts the context: a prompt that does not fit is a 400, a reply that
     reaches the context's end stops with `done_reason: "length"`), `logprobs`, and a
     malformed `keep_alive`. `think` is accepted and ignored (no reasoning model is served
-    with a thinking mode)."""
-    check_keep_alive(body.keep_alive)
+    with a thinking mode). Returns `keep_alive` parsed (`model_pool.keep_alive_seconds`:
+    a server with a model pool applies it, a one-model server keeps its model loaded)."""
+    keep_alive = keep_alive_seconds(body.keep_alive)
     for name in ("truncate", "shift"):
         if getattr(body, name):
             raise bad_request(f"'{name}: true' is not supported: tandem never truncates the "
@@ -254,6 +248,7 @@ def check_common(body: _OllamaBody) -> None:
     if body.logprobs or body.top_logprobs:
         raise bad_request("'logprobs' is not supported on the Ollama API yet; use "
                           "/v1/chat/completions with logprobs", "logprobs")
+    return keep_alive
 
 
 def refuse_images(images: list[Any] | None, model: str, param: str) -> None:

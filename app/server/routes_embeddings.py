@@ -23,7 +23,8 @@ no embeddings, 200, as Ollama answers a request that only loads the model); `tru
 "the input length exceeds the context length", Ollama's words); `options.num_ctx` lowers that
 limit, other options mean nothing to an embedding and are ignored; `dimensions` keeps the
 first n components and renormalises, as Ollama does; `keep_alive` sets how long the model
-stays loaded after the reply (`model_pool.keep_alive_seconds`). Errors are Ollama's `{"error": message}` (`app.server.errors`).
+stays loaded after the reply (`model_pool.keep_alive_seconds`). Errors are Ollama's
+`{"error": message}` (`app.server.errors`).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ from app.server.generation import (
     sampling_params,
     submit_jobs,
 )
-from app.server.model_pool import keep_alive_seconds, model_context
+from app.server.model_pool import model_context
 from app.server.ollama_models import facts, now_iso, resolve
 from app.server.ollama_schemas import (
     OllamaChatRequest,
@@ -171,8 +171,7 @@ async def chat(request: Request, ctx: Ctx) -> Response:
     start = time.perf_counter()
     body = await parse_body(request, OllamaChatRequest)
     model = resolve(ctx, body.model)
-    check_common(body)
-    keep_alive = keep_alive_seconds(body.keep_alive)
+    keep_alive = check_common(body)
     if _stops(ctx, body.model, keep_alive, not body.messages):
         return JSONResponse(_load_reply(model, chat=True, reason="unload"))
     ctx = await model_context(request, ctx, body.model, keep_alive)
@@ -202,8 +201,7 @@ async def generate(request: Request, ctx: Ctx) -> Response:
     start = time.perf_counter()
     body = await parse_body(request, OllamaGenerateRequest)
     model = resolve(ctx, body.model)
-    check_common(body)
-    keep_alive = keep_alive_seconds(body.keep_alive)
+    keep_alive = check_common(body)
     if _stops(ctx, body.model, keep_alive, not (body.prompt or body.suffix)):
         return JSONResponse(_load_reply(model, chat=False, reason="unload"))
     ctx = await model_context(request, ctx, body.model, keep_alive)
