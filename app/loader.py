@@ -80,7 +80,8 @@ def _prefill_client(peer: PeerConfig, path: Path, runner: Runner):
 
     info = runner.info
     return PrefillClient(peer, model_fingerprint(path), info.n_layers, info.n_kv_heads,
-                         info.head_dim, kv_cache_type=getattr(runner, "kv_cache_type", "f16"))
+                         info.head_dim, kv_cache_type=getattr(runner, "kv_cache_type", "f16"),
+                         exact=getattr(runner, "exact", False))
 
 
 def _build(args: EngineArgs, runner: Runner, path: Path, backend_name: str,

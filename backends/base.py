@@ -271,6 +271,8 @@ class RunnerConfig:
             runs them) | "on" | "off" (backends/llamacpp/repack.py).
         kv_cache_type: KV cache values "f16" | "q8_0" | "q4_0" (llama.cpp `type_k` and
             `type_v`; a quantized V needs flash attention, so "auto" then means "on").
+        exact: llama.cpp: logits independent of how steps are grouped
+            (`backends.llamacpp.exact`: flash attention and repacking off, split layout).
     Raises ValueError (in `__post_init__`) for values out of range.
     """
 
@@ -284,6 +286,7 @@ class RunnerConfig:
     flash_attn: str = "auto"
     repack: str = "auto"
     kv_cache_type: str = "f16"
+    exact: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_seqs", "seq_tokens", "max_batch_tokens"):
@@ -304,4 +307,9 @@ class RunnerConfig:
                              f"{self.kv_cache_type!r}")
         if self.kv_cache_type != "f16" and self.flash_attn == "off":
             raise ValueError(quantized_v_needs_flash_attn(self.kv_cache_type))
+        if self.exact:
+            from backends.llamacpp.exact import resolve
+
+            resolve(flash_attn=self.flash_attn, repack=self.repack,
+                    kv_cache_type=self.kv_cache_type, kv_layout=self.kv_layout)
 

@@ -32,6 +32,9 @@ def load_runner(path: str | Path, *, backend: str | None = None,
     config = config or RunnerConfig()
     name = _choose(backend)
     if name == "mlx":
+        if config.exact:
+            raise ValueError("--exact is for the llamacpp backend; the MLX backend's "
+                             "grouping invariance is not measured yet")
         if config.kv_cache_type != "f16":
             raise ValueError(f"--kv-cache-type {config.kv_cache_type} is for the llamacpp "
                              "backend; the MLX backend's KV cache is f16 only for now")
@@ -53,6 +56,6 @@ def load_runner(path: str | Path, *, backend: str | None = None,
         seq_tokens=config.seq_tokens, kv_layout=config.kv_layout,
         block_size=config.block_size or BLOCK_SIZE, max_batch_tokens=config.max_batch_tokens,
         n_threads=config.n_threads, flash_attn=config.flash_attn,
-        repack=config.repack, kv_cache_type=config.kv_cache_type,
+        repack=config.repack, kv_cache_type=config.kv_cache_type, exact=config.exact,
     )
     return runner, name

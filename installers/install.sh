@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Install tandem into ./.venv: choose the llama.cpp build for this machine, build its wheel
 # once into a cache outside the repo, install the project, fetch the embedded model.
-# Usage: bash installers/install.sh [--dev] [--client]
-#   --dev adds the test tools; --client the OpenAI, Anthropic and Ollama Python clients that
-#   the README's examples use
+# Usage: bash installers/install.sh [--dev] [--client] [--exact]
+#   --dev adds the test tools (and --exact, which its tests use); --client the OpenAI,
+#   Anthropic and Ollama Python clients that the README's examples use; --exact a second
+#   llama.cpp build, without tinyBLAS, for `tandem ... --exact` (CPU builds only)
 # Safe to re-run: with nothing to do it finishes in seconds.
 set -euo pipefail
 
@@ -17,12 +18,14 @@ die() { printf 'install: error: %s\n' "$*" >&2; exit 1; }
 
 dev=0
 client=0
+exact=0
 for arg in "$@"; do
   case "$arg" in
     --dev) dev=1 ;;
     --client) client=1 ;;
-    -h | --help) sed -n '2,7p' "$0" | sed 's/^# //'; exit 0 ;;
-    *) die "unknown option '$arg' (usage: bash installers/install.sh [--dev] [--client])" ;;
+    --exact) exact=1 ;;
+    -h | --help) sed -n '2,8p' "$0" | sed 's/^# //'; exit 0 ;;
+    *) die "unknown option '$arg' (usage: bash installers/install.sh [--dev] [--client] [--exact])" ;;
   esac
 done
 
@@ -91,6 +94,36 @@ fi
 use_dev_pins=0
 if [[ $dev == 1 && $os == Linux ]]; then use_dev_pins=1; fi
 
+# The llama-cpp-python wheel built with CMAKE_ARGS $1, from the cache or built once into it;
+# sets $wheel to its path.
+cached_wheel() {
+  local args_hash cache_root wheel_dir jobs wheels # build_dir global: the EXIT trap reads it
+  args_hash=$(printf '%s' "$1" | sha256_of_stdin | cut -c1-12)
+  cache_root=${TANDEM_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem/wheels}
+  wheel_dir=$cache_root/llama-cpp-python-$LLAMA_CPP_VERSION-$args_hash
+  shopt -s nullglob
+  wheels=("$wheel_dir"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl)
+  shopt -u nullglob # on only here: elsewhere it would silently drop words like mlx[cpu]
+  if [[ ${#wheels[@]} -eq 0 ]]; then
+    jobs=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
+    say "llama-cpp-python: no cached wheel for $1; building it once into $wheel_dir (minutes)"
+    mkdir -p "$cache_root"
+    build_dir=$(mktemp -d "$cache_root/.build-XXXXXX")
+    trap 'rm -rf "$build_dir"' EXIT
+    # --no-binary: always compile with our flags, never take a prebuilt wheel from an index;
+    # --no-cache-dir: pip's wheel cache would hand back a build made with other flags.
+    CMAKE_ARGS="$1" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" \
+      "$venv_python" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
+      --wheel-dir "$build_dir" "llama-cpp-python==$LLAMA_CPP_VERSION"
+    mkdir -p "$wheel_dir"
+    mv "$build_dir"/llama_cpp_python-*.whl "$wheel_dir"/
+    wheels=("$wheel_dir"/llama_cpp_python-*.whl)
+  else
+    say "llama-cpp-python: using the cached wheel ${wheels[0]}"
+  fi
+  wheel=${wheels[0]}
+}
+
 # --- packages (skipped when the stamp says nothing changed) -------------------------------
 # The stamp hashes everything that decides the pip work, the script included (a changed
 # install step must run again).
@@ -109,39 +142,46 @@ recorded=$(cat "$stamp_file" 2>/dev/null || true)
 if [[ -x .venv/bin/tandem && -n $recorded && ($recorded == "$stamp" || $recorded == "$(stamp_for 1)") ]]; then
   say "packages: up to date (pyproject.toml, installer, build flags and extras unchanged)"
 else
-  args_hash=$(printf '%s' "$cmake_args" | sha256_of_stdin | cut -c1-12)
-  cache_root=${TANDEM_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem/wheels}
-  wheel_dir=$cache_root/llama-cpp-python-$LLAMA_CPP_VERSION-$args_hash
-  shopt -s nullglob
-  wheels=("$wheel_dir"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl)
-  shopt -u nullglob # on only here: elsewhere it would silently drop words like mlx[cpu]
-  if [[ ${#wheels[@]} -eq 0 ]]; then
-    jobs=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
-    say "llama-cpp-python: no cached wheel for these flags; building it once into $wheel_dir (minutes)"
-    mkdir -p "$cache_root"
-    build_dir=$(mktemp -d "$cache_root/.build-XXXXXX")
-    trap 'rm -rf "$build_dir"' EXIT
-    # --no-binary: always compile with our flags, never take a prebuilt wheel from an index;
-    # --no-cache-dir: pip's wheel cache would hand back a build made with other flags.
-    CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" \
-      "$venv_python" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
-      --wheel-dir "$build_dir" "llama-cpp-python==$LLAMA_CPP_VERSION"
-    mkdir -p "$wheel_dir"
-    mv "$build_dir"/llama_cpp_python-*.whl "$wheel_dir"/
-    wheels=("$wheel_dir"/llama_cpp_python-*.whl)
-  else
-    say "llama-cpp-python: using the cached wheel ${wheels[0]}"
-  fi
+  cached_wheel "$cmake_args"
   say "packages: installing the llama-cpp-python wheel and tandem${extras:+ [$extras]}"
   # --force-reinstall: the version is the same whatever the flags, so pip would keep an
   # older build made with different ones.
-  "$venv_python" -m pip install --quiet --force-reinstall --no-deps "${wheels[0]}"
+  "$venv_python" -m pip install --quiet --force-reinstall --no-deps "$wheel"
   if [[ $use_dev_pins == 1 ]]; then
     "$venv_python" -m pip install --quiet -e ".${extras:+[$extras]}" "${LINUX_DEV_PINS[@]}"
   else
     "$venv_python" -m pip install --quiet -e ".${extras:+[$extras]}"
   fi
   printf '%s\n' "$stamp" >"$stamp_file"
+fi
+
+# --- the exact-mode library (backends/llamacpp/exact.py) -------------------------------------
+# The same llama.cpp without llamafile's tinyBLAS, whose matmuls sum in another order for 2+
+# columns than ggml's vec_dot for 1; only its shared libraries, loaded instead of the
+# default ones by `tandem ... --exact`.
+if [[ $dev == 1 || $exact == 1 ]]; then
+  exact_dir=.venv/lib/tandem-llama-exact
+  exact_args="$cmake_args -DGGML_LLAMAFILE=OFF"
+  exact_stamp="llama-cpp-python $LLAMA_CPP_VERSION: $exact_args" # the bindings' version too
+  if [[ $cmake_args == *GGML_METAL* || $cmake_args == *GGML_CUDA* ]]; then
+    say "exact: skipped (exact mode is built and measured for the CPU build only)"
+  elif [[ -f $exact_dir/libllama.so && $(cat "$exact_dir/.stamp" 2>/dev/null) == "$exact_stamp" ]]; then
+    say "exact: up to date ($exact_dir)"
+  else
+    cached_wheel "$exact_args"
+    say "exact: unpacking its llama.cpp libraries into $exact_dir"
+    rm -rf "$exact_dir"
+    "$venv_python" - "$wheel" "$exact_dir" <<'PY'
+import pathlib, sys, zipfile
+wheel, dest = sys.argv[1], pathlib.Path(sys.argv[2])
+dest.mkdir(parents=True)
+with zipfile.ZipFile(wheel) as zf:
+    for name in zf.namelist():
+        if name.startswith("llama_cpp/lib/") and not name.endswith("/"):
+            (dest / pathlib.PurePosixPath(name).name).write_bytes(zf.read(name))
+PY
+    printf '%s\n' "$exact_stamp" >"$exact_dir/.stamp"
+  fi
 fi
 
 # --- the embedded model (instant when its verified sidecar is present) --------------------

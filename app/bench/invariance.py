@@ -152,6 +152,10 @@ def _describe(parts: tuple[int, ...]) -> list[str]:
 
 
 def _settings(args: argparse.Namespace) -> Iterator[dict]:
+    if args.exact:  # one setting: the exact library is process-wide
+        yield {"flash_attn": "off", "kv_layout": "split", "repack": "off",
+               "kv_cache_type": "f16", "exact": True}
+        return
     for flash in args.flash_attn.split(","):
         for layout in args.kv_layout.split(","):
             yield {"flash_attn": flash, "kv_layout": layout, "repack": args.repack,
@@ -176,7 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=400)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--exact", action="store_true",
+                   help="measure exact mode (backends/llamacpp/exact.py) instead: flash "
+                        "attention and repacking off, llama.cpp built without tinyBLAS")
     args = p.parse_args(argv)
+    if args.exact:
+        from backends.llamacpp.exact import select_library
+
+        select_library()
 
     path = resolve_model(args.model)
     rows = []
@@ -200,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     table.add_column("compared")
     columns = [s for s in _settings(args)]
     for s in columns:
-        table.add_column(f"fa {s['flash_attn']}, {s['kv_layout']}", justify="right")
+        name = "exact" if s.get("exact") else f"fa {s['flash_attn']}, {s['kv_layout']}"
+        table.add_column(name, justify="right")
     keys = list(dict.fromkeys((r["grouping"], r["compared"]) for r in rows))
     for key in keys:
         cells = []

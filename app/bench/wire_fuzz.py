@@ -95,7 +95,7 @@ class Honest:
         self.t = t
         self.request = request
         self.nonce_c = secrets.token_bytes(NONCE_BYTES)
-        self.fp_c = _fingerprint_map(t.fingerprint, None, "f16")
+        self.fp_c = _fingerprint_map(t.fingerprint, None, "f16", False)
 
     def hello(self) -> dict[str, Any]:
         return {"nonce": self.nonce_c, "fingerprint": self.fp_c}

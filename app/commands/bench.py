@@ -159,6 +159,7 @@ async def _local(args: argparse.Namespace, levels: list[int]) -> list[dict]:
             described = engine.describe()
             result["kv_layout"] = described["kv_layout"]
             result["kv_cache_type"] = described["kv_cache_type"]
+            result["exact"] = described["exact"]
             if raw is not None:
                 c = result["concurrency"]
                 result["raw_decode_tok_s"] = raw[c]

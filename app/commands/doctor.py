@@ -105,6 +105,11 @@ def llamacpp_facts() -> dict[str, Any]:
             facts["gpu_offload"] = bool(llama_cpp.llama_supports_gpu_offload())
         except Exception as e:
             facts["error"] = str(e)
+    from backends.llamacpp.exact import library_dir
+
+    # checked, not loaded: this process has the default library
+    lib = library_dir()
+    facts["exact_library"] = str(lib) if (lib / "libllama.so").is_file() else None
     return facts
 
 
@@ -188,6 +193,9 @@ def _print(f: dict[str, Any]) -> None:
         line("llama.cpp", f"llama-cpp-python {lc['version']} ({gpu})")
         if lc.get("system_info"):
             line("llama.cpp build", lc["system_info"])
+        line("exact mode", f"available (--exact; its llama.cpp: {lc['exact_library']})"
+             if lc.get("exact_library") else
+             "not installed (`bash installers/install.sh --exact` builds it)")
         w = f.get("weights")
         if w and w.get("error"):
             line("weights", f"{w['model']}: {w['error']}")

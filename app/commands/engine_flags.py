@@ -46,6 +46,7 @@ class Flag:
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
     short: str | None = None
+    action: str | None = None  # e.g. "store_true" for a switch
 
     @property
     def dest(self) -> str:
@@ -74,6 +75,11 @@ KV_CACHE_TYPE = Flag("--kv-cache-type", "runner.kv_cache_type", "llama.cpp KV ca
                      "f16, q8_0 (half the memory, nearly lossless) or q4_0 (a quarter, "
                      "lossier); a quantized cache turns flash attention on (README, \"KV "
                      "cache quantization\")", choices=KV_CACHE_TYPES)
+EXACT = Flag("--exact", "runner.exact", "logits independent of how steps are grouped: the "
+             "same tokens batched or alone, cached or cold, with speculation or without "
+             "(flash attention and repacked weights off, llama.cpp built without tinyBLAS: "
+             "`install.sh --exact`; README, \"Same answer every time\")", None,
+             action="store_true")
 MAX_CONCURRENCY = Flag("--max-concurrency", "runner.max_seqs", "sequences decoded together "
                        "in one batch", positive_int, metavar="N")
 MAX_QUEUE = Flag("--max-queue", "max_waiting", "requests allowed to wait for a batch slot; "
@@ -91,8 +97,8 @@ NUM_DRAFT_TOKENS = Flag("--num-draft-tokens", "spec.num_draft_tokens", "most dra
                         "per sequence and step", positive_int, metavar="K")
 
 # the flags every command that loads a model takes
-COMMON = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_LAYOUT, KV_CACHE_TYPE, REPACK, SPEC, DRAFT_MODEL,
-          NUM_DRAFT_TOKENS)
+COMMON = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_LAYOUT, KV_CACHE_TYPE, REPACK, EXACT, SPEC,
+          DRAFT_MODEL, NUM_DRAFT_TOKENS)
 
 
 def default_of(field: str, defaults: EngineArgs | None = None) -> Any:
@@ -108,11 +114,13 @@ def add_engine_args(parser: argparse.ArgumentParser, flags=COMMON,
     stated in each help text."""
     for flag in flags:
         default = default_of(flag.field, defaults)
-        shown = "automatic" if default is None else default
+        shown = "automatic" if default is None else "off" if default is False else default
         names = [flag.name] + ([flag.short] if flag.short else [])
         kwargs: dict[str, Any] = {"default": default, "help": f"{flag.help} (default: {shown})",
                                   "dest": flag.dest}
-        if flag.choices:
+        if flag.action:
+            kwargs["action"] = flag.action
+        elif flag.choices:
             kwargs["choices"] = flag.choices
         elif flag.type is not None:
             kwargs["type"] = flag.type
@@ -124,7 +132,9 @@ def add_engine_args(parser: argparse.ArgumentParser, flags=COMMON,
 def engine_args_from(ns: argparse.Namespace, flags=COMMON, **overrides: Any) -> EngineArgs:
     """An `EngineArgs` from parsed flags; `overrides` ({dotted field: value}, dots written
     as `__`) set what a command decides itself, e.g. `runner__max_seqs=1` for `run`.
-    Raises ValueError for an invalid combination."""
+    With `--exact`, picks the exact llama.cpp library (`backends.llamacpp.exact`) before
+    anything loads llama.cpp. Raises ValueError for an invalid combination, or `--exact`
+    without its library."""
     args = EngineArgs()
     values = {flag.field: getattr(ns, flag.dest) for flag in flags if hasattr(ns, flag.dest)}
     values.update({k.replace("__", "."): v for k, v in overrides.items()})
@@ -140,4 +150,8 @@ def engine_args_from(ns: argparse.Namespace, flags=COMMON, **overrides: Any) -> 
     args.runner.__post_init__()
     args.spec.__post_init__()
     args.__post_init__()
+    if args.runner.exact:
+        from backends.llamacpp.exact import select_library
+
+        select_library()
     return args

@@ -18,6 +18,7 @@ from app.commands.common import port_number, user_errors
 from app.commands.engine_flags import (
     BACKEND,
     CTX_SIZE,
+    EXACT,
     KV_CACHE_TYPE,
     MODEL,
     THREADS,
@@ -31,7 +32,7 @@ from app.config import check_worker_kv
 from app.disagg.peer import DEFAULT_PORT, check_bind, read_secret
 
 # --kv-cache-type: f16 or q8_0, the type the wire carries (q4_0 refused below, one line)
-FLAGS = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_CACHE_TYPE)
+FLAGS = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_CACHE_TYPE, EXACT)
 DEFAULT_MAX_PROMPTS = 2  # a prompt's last chunk shares its step with the next one's first
 
 

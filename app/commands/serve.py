@@ -25,9 +25,6 @@ from app.commands.peer_flags import add_peer_args
 from app.commands.pool_flags import add_pool_args, make_pool
 from app.config import EngineArgs
 from app.disagg.report import startup_line
-from backends.llamacpp.plain_prefill import PLAIN_PREFILL_MIN_TOKENS
-from backends.llamacpp.repack import describe as describe_repack
-from backends.llamacpp.repack import weight_summary
 from models.registry import DEFAULT_MODEL, generation_defaults
 
 
@@ -156,10 +153,16 @@ def run(args: argparse.Namespace) -> int:
         d = engine.describe()
         layout = d["kv_layout"]
         if d["kv_bytes"] is not None:
-            print(f"tandem: {layout} KV ({d['kv_cache_type']}): {d['max_seqs']} sequences x "
-                  f"{d['context_length']} tokens, {d['kv_bytes'] / 2**30:.1f} GiB (budget "
+            exact = ", exact mode" if d["exact"] else ""
+            print(f"tandem: {layout} KV ({d['kv_cache_type']}{exact}): {d['max_seqs']} "
+                  f"sequences x {d['context_length']} tokens, {d['kv_bytes'] / 2**30:.1f} GiB (budget "
                   f"{d['kv_budget_bytes'] / 2**30:.1f} GiB, 1/8 of memory)", flush=True)
         if d["weight_buffers"]:
+            # here, not at the top: `--exact` picks the llama.cpp library before its import
+            from backends.llamacpp.plain_prefill import PLAIN_PREFILL_MIN_TOKENS
+            from backends.llamacpp.repack import describe as describe_repack
+            from backends.llamacpp.repack import weight_summary
+
             plain = (f"; prefill chunks of {PLAIN_PREFILL_MIN_TOKENS}+ tokens on the plain "
                      "weights" if d["plain_prefill"] else "")
             print(f"tandem: weights: {weight_summary(d['weight_buffers'])} "

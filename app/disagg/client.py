@@ -86,6 +86,7 @@ class PrefillClient:
         n_layers, n_kv_heads, head_dim: the local KV shape every chunk must have.
         kv_cache_type: the local KV dtype ("f16" or "q8_0"); the worker's must be the same
             (refused in the handshake otherwise) and every chunk comes in it.
+        exact: whether this box runs exact mode; the worker must too (refused otherwise).
         sink: receives chunks and outcomes (set later with `attach` if None).
     `policy` holds the estimates; `counters` counts outcomes ("ok", or the failure reason).
     The first handshake with a worker on this machine compares its threads with this
@@ -94,11 +95,13 @@ class PrefillClient:
 
     def __init__(self, peer: PeerConfig, fingerprint: ModelFingerprint, n_layers: int,
                  n_kv_heads: int, head_dim: int, sink: KVSink | None = None,
-                 max_payload: int = MAX_PAYLOAD_BYTES, kv_cache_type: str = "f16"):
+                 max_payload: int = MAX_PAYLOAD_BYTES, kv_cache_type: str = "f16",
+                 exact: bool = False):
         self.peer = peer
         self.fingerprint = fingerprint
         self.shape = (n_layers, n_kv_heads, head_dim)
         self.kv_cache_type = kv_cache_type
+        self.exact = exact
         self.sink = sink
         self.max_payload = max_payload
         self.policy = PrefillPolicy(
@@ -213,7 +216,8 @@ class PrefillClient:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     set_keepalive(sock)
                 session = await client_handshake(reader, writer, p.secret, self.fingerprint,
-                                                 cpu_threads(p.threads), self.kv_cache_type)
+                                                 cpu_threads(p.threads), self.kv_cache_type,
+                                                 self.exact)
         except TimeoutError:
             raise _Deadline("connect_timeout", f"no handshake with {p.host}:{p.port} within "
                         f"{p.connect_timeout_s} s") from None

@@ -10,17 +10,20 @@ Spec: docs/two-box.md.
                             + sha256(msgpack(fp_c)) + sha256(msgpack(fp_s)))
     session key = HMAC-SHA256(secret, b"tandem-kv/1 session" + nonce_c + nonce_s)
 
-A fingerprint map may carry two keys more than the model's fields: "threads", the sender's
-CPU threads (int), so that a decode box on the same machine as its worker can tell when the
-two over-subscribe the cores; and "kv_cache_type" ("q8_0"; absent means "f16"), the KV dtype
-the worker sends and the decode box loads, which must be equal on both sides. A peer that
-does not know them ignores them (`from_dict` reads only the model's fields, and the proofs
-cover the map as sent); an f16 peer omits the key, so its handshake is as before.
+A fingerprint map may carry three keys more than the model's fields: "threads", the
+sender's CPU threads (int), so that a decode box on the same machine as its worker can tell
+when the two over-subscribe the cores; "kv_cache_type" ("q8_0"; absent means "f16"), the KV
+dtype the worker sends and the decode box loads; and "exact" (true; absent means false),
+whether the side runs exact mode (`--exact`: the decode box's logits equal one box's only if
+the worker's KV came out of the same kernels). The last two must be equal on both sides. A
+peer that does not know them ignores them (`from_dict` reads only the model's fields, and the
+proofs cover the map as sent); an f16 peer not in exact mode omits both, so its handshake is
+as before.
 
 Either side that finds a problem sends ERROR {code, message} (tag key b"") and raises
 `ProtocolError`: "version", "auth" (wrong proof), "fingerprint" (`detail` = first differing
-field, or "kv_cache_type"). Both proofs cover both nonces and both fingerprints, so neither a
-replayed proof nor a fingerprint altered in transit passes.
+field, "kv_cache_type" or "exact"). Both proofs cover both nonces and both fingerprints, so
+neither a replayed proof nor a fingerprint altered in transit passes.
 """
 
 from __future__ import annotations
@@ -51,13 +54,29 @@ class Session:
 
 
 def _fingerprint_map(fingerprint: ModelFingerprint, threads: int | None,
-                     kv_cache_type: str) -> dict:
+                     kv_cache_type: str, exact: bool) -> dict:
     fp = fingerprint.to_dict()
     if threads:
         fp["threads"] = int(threads)
     if kv_cache_type != "f16":
         fp["kv_cache_type"] = kv_cache_type
+    if exact:
+        fp["exact"] = True
     return fp
+
+
+def _check_settings(kv_cache_type: str, exact: bool, fp: dict) -> None:
+    """Raises ProtocolError "header" (malformed) or "fingerprint" (differs) unless the peer's
+    KV cache type and exact mode equal these."""
+    _check_kv_cache_type(kv_cache_type, fp)
+    theirs = fp.get("exact", False)
+    if type(theirs) is not bool:
+        raise ProtocolError("header", f"exact must be true or false, not {theirs!r}")
+    if theirs != exact:
+        word = {True: "on", False: "off"}
+        raise ProtocolError("fingerprint", f"exact mode differs: here {word[exact]}, peer "
+                            f"{word[theirs]} (run both with --exact, or neither)",
+                            detail="exact")
 
 
 def _check_kv_cache_type(mine: str, fp: dict) -> None:
@@ -134,10 +153,12 @@ def _compare(mine: ModelFingerprint, theirs: dict) -> ModelFingerprint:
 
 async def client_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                            secret: bytes, fingerprint: ModelFingerprint,
-                           threads: int | None = None, kv_cache_type: str = "f16") -> Session:
+                           threads: int | None = None, kv_cache_type: str = "f16",
+                           exact: bool = False) -> Session:
     """The decode box's side (`threads`: its CPU threads, sent if given; `kv_cache_type`: the
-    KV dtype it loads). Raises ProtocolError (code as in the module docstring)."""
-    fp_c = _fingerprint_map(fingerprint, threads, kv_cache_type)
+    KV dtype it loads; `exact`: whether it runs exact mode). Raises ProtocolError (code as
+    in the module docstring)."""
+    fp_c = _fingerprint_map(fingerprint, threads, kv_cache_type, exact)
     nonce_c = secrets.token_bytes(NONCE_BYTES)
     await write_frame(writer, encode_parts(FrameType.HELLO,
                                            {"nonce": nonce_c, "fingerprint": fp_c}))
@@ -148,7 +169,7 @@ async def client_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamW
         if not hmac.compare_digest(want, h["proof"]):
             raise ProtocolError("auth", "the peer does not know the shared secret")
         peer = _compare(fingerprint, fp_s)
-        _check_kv_cache_type(kv_cache_type, fp_s)
+        _check_settings(kv_cache_type, exact, fp_s)
     except ProtocolError as err:
         await _fail(writer, err)
     await write_frame(writer, encode_parts(
@@ -160,14 +181,16 @@ async def client_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamW
 
 async def server_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                            secret: bytes, fingerprint: ModelFingerprint,
-                           threads: int | None = None, kv_cache_type: str = "f16") -> Session:
+                           threads: int | None = None, kv_cache_type: str = "f16",
+                           exact: bool = False) -> Session:
     """The prefill worker's side (`threads`: its CPU threads, sent if given; `kv_cache_type`:
-    the KV dtype it sends). Raises ProtocolError after telling the peer why."""
+    the KV dtype it sends; `exact`: whether it runs exact mode). Raises ProtocolError after
+    telling the peer why."""
     try:
         h = _expect(await read_frame(reader), FrameType.HELLO)
     except ProtocolError as err:
         await _fail(writer, err)
-    fp_s = _fingerprint_map(fingerprint, threads, kv_cache_type)
+    fp_s = _fingerprint_map(fingerprint, threads, kv_cache_type, exact)
     nonce_c, fp_c = h["nonce"], h["fingerprint"]
     nonce_s = secrets.token_bytes(NONCE_BYTES)
     await write_frame(writer, encode_parts(FrameType.CHALLENGE, {
@@ -179,7 +202,7 @@ async def server_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamW
                                    a["proof"]):
             raise ProtocolError("auth", "the peer does not know the shared secret")
         peer = _compare(fingerprint, fp_c)
-        _check_kv_cache_type(kv_cache_type, fp_c)
+        _check_settings(kv_cache_type, exact, fp_c)
     except ProtocolError as err:
         if err.code == "peer":
             raise

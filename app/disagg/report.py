@@ -17,7 +17,7 @@ _FAILURES = {
     "busy": "worker busy with other prompts",
     "worker_queue": "the worker's queue was longer than prefilling here",
     "auth": "the two secrets differ",
-    "fingerprint": "the two model files differ",
+    "fingerprint": "the two boxes differ in model, KV cache type or exact mode",
     "version": "the two tandem versions differ",
     "import": "its KV could not be loaded here",
     "incomplete": "its KV was incomplete",

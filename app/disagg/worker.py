@@ -145,6 +145,7 @@ class PrefillWorker:
         self.threads = threads
         # the KV dtype sent (f16 or q8_0, the runner's cache); the decode box must load the same
         self.kv_cache_type = getattr(engine.runner, "kv_cache_type", "f16")
+        self.exact = getattr(engine.runner, "exact", False)  # the decode box's must be equal
         self.fingerprint = fingerprint
         self.secret = secret
         self.handshake_timeout_s = handshake_timeout_s
@@ -211,7 +212,7 @@ class PrefillWorker:
                 async with asyncio.timeout(self.handshake_timeout_s):
                     session = await server_handshake(reader, writer, self.secret,
                                                      self.fingerprint, self.threads,
-                                                     self.kv_cache_type)
+                                                     self.kv_cache_type, self.exact)
                     frame = await read_frame(reader, session.key, self.max_payload)
             finally:
                 self._handshaking -= 1

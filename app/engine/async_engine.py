@@ -116,7 +116,7 @@ class AsyncEngine:
         and whether it turned flash attention on, and the budget (llama.cpp), block size, slots, context length, whether it speculates, and the
         weight buffers {llama.cpp buffer type: MiB}, the repack verdict (llama.cpp's
         `RepackVerdict`; None elsewhere) and whether large prefill chunks run on plain
-        weights."""
+        weights, and whether it runs exact mode (`backends.llamacpp.exact`)."""
         runner = self.runner
         return {
             "backend": self.backend_name,
@@ -133,6 +133,7 @@ class AsyncEngine:
             "weight_buffers": getattr(runner, "weight_buffers", None),
             "repack": getattr(runner, "repack", None),
             "plain_prefill": getattr(runner, "plain_prefill", None) is not None,
+            "exact": getattr(runner, "exact", False),
         }
 
     def embedder(self):

@@ -19,6 +19,8 @@ from backends.llamacpp import kv_transfer as kvt
 from backends.llamacpp import runtime
 from backends.llamacpp.batch import TokenBatch
 from backends.llamacpp.embedder import LlamaEmbedder
+from backends.llamacpp.exact import library_is_exact
+from backends.llamacpp.exact import resolve as resolve_exact
 from backends.llamacpp.kv_plan import (
     check_args,
     check_kv_cache_type,
@@ -82,13 +84,17 @@ class LlamaCppRunner:
             creates (the plain-prefill one too: KV is copied between them as is). Quantized:
             flash attention "auto" becomes "on" (llama.cpp quantizes V only with it), "off"
             is refused; no KV transfer (two-box mode sends f16).
+        exact: logits independent of how a step is grouped (`backends.llamacpp.exact`):
+            flash attention and repacked weights off, split layout, f16 KV, and the llama.cpp
+            library built without tinyBLAS (chosen before `llama_cpp` was imported).
     Attributes (besides the protocol's): `repack` (the verdict: whether, and why),
     `weight_buffers` ({llama.cpp buffer type: MiB}, e.g. CPU_REPACK, CPU_Mapped),
     `kv_cache_type`, `flash_attn` (as created) and `flash_attn_forced` (auto turned on for
     a quantized cache).
     Raises:
         FileNotFoundError: no such file. ValueError: llama.cpp cannot load it, or
-        `kv_cache_type` with flash attention off (or rows not whole blocks of it).
+        `kv_cache_type` with flash attention off (or rows not whole blocks of it), or
+        `exact` with a setting it cannot keep or without the exact library loaded.
     """
 
     # truncate removes the positions from the slot's cells (`seq_rm`), so recomputing them
@@ -113,12 +119,23 @@ class LlamaCppRunner:
         flash_attn: str = "auto",
         repack: str = "auto",
         kv_cache_type: str = "f16",
+        exact: bool = False,
         verbose: bool = False,
     ):
         path = Path(model_path)
         if not path.is_file():
             raise FileNotFoundError(f"model file not found: {path}")
         check_args(max_seqs, kv_layout)
+        self.exact = exact
+        if exact:
+            flash_attn, repack = resolve_exact(flash_attn=flash_attn, repack=repack,
+                                               kv_cache_type=kv_cache_type,
+                                               kv_layout=kv_layout)
+            if not library_is_exact(L.llama_print_system_info().decode()):
+                raise ValueError("--exact needs the llama.cpp library built without "
+                                 "tinyBLAS, and this process loaded the default one (the "
+                                 "CLI picks it with --exact; in Python call backends."
+                                 "llamacpp.exact.select_library() before importing llama_cpp)")
         resolved = check_kv_cache_type(kv_cache_type, flash_attn)
         self.kv_cache_type = kv_cache_type
         self.flash_attn, self.flash_attn_forced = resolved, resolved != flash_attn

@@ -200,15 +200,16 @@ FP = ModelFingerprint("llama", 30, 3, 64, 100000.0, "none", "a" * 64, "b" * 64)
 
 
 async def _pair(client_secret, server_secret, client_fp=FP, server_fp=FP, hello=None,
-                kv_types=("f16", "f16")):
-    """Run both sides (`kv_types`: the client's and the server's KV cache types); returns
-    (client result, server result), exceptions as values."""
+                kv_types=("f16", "f16"), exact=(False, False)):
+    """Run both sides (`kv_types`, `exact`: the client's and the server's KV cache types and
+    exact modes); returns (client result, server result), exceptions as values."""
     done: asyncio.Future = asyncio.get_running_loop().create_future()
 
     async def serve(reader, writer):
         try:
             done.set_result(await hs.server_handshake(reader, writer, server_secret, server_fp,
-                                                      kv_cache_type=kv_types[1]))
+                                                      kv_cache_type=kv_types[1],
+                                                      exact=exact[1]))
         except Exception as e:
             done.set_result(e)
         finally:
@@ -224,7 +225,7 @@ async def _pair(client_secret, server_secret, client_fp=FP, server_fp=FP, hello=
             client = await wire.read_frame(reader)
         else:
             client = await hs.client_handshake(reader, writer, client_secret, client_fp,
-                                               kv_cache_type=kv_types[0])
+                                               kv_cache_type=kv_types[0], exact=exact[0])
     except Exception as e:
         client = e
     writer.close()
@@ -256,9 +257,23 @@ async def test_kv_cache_types_must_match():
         "with the same --kv-cache-type)")
     assert (server.code, server.detail) == ("peer", "fingerprint")
     # an f16 side sends the model's fields alone, as before q8_0 existed (older peers agree)
-    assert hs._fingerprint_map(FP, None, "f16") == FP.to_dict()
-    assert hs._fingerprint_map(FP, 2, "q8_0") == {**FP.to_dict(), "threads": 2,
-                                                   "kv_cache_type": "q8_0"}
+    assert hs._fingerprint_map(FP, None, "f16", False) == FP.to_dict()
+    assert hs._fingerprint_map(FP, 2, "q8_0", False) == {**FP.to_dict(), "threads": 2,
+                                                          "kv_cache_type": "q8_0"}
+
+
+async def test_exact_modes_must_match():
+    client, server = await _pair(b"s" * 32, b"s" * 32, exact=(True, True))
+    assert isinstance(client, hs.Session) and client.key == server.key
+    client, server = await _pair(b"s" * 32, b"s" * 32, exact=(False, True))
+    assert (client.code, client.detail, str(client)) == (
+        "fingerprint", "exact", "exact mode differs: here off, peer on (run both with "
+        "--exact, or neither)")
+    assert (server.code, server.detail) == ("peer", "fingerprint")
+    client, server = await _pair(b"s" * 32, b"s" * 32, exact=(True, False))
+    assert (client.code, client.detail) == ("fingerprint", "exact")
+    # a side not in exact mode sends no key (older peers see the handshake as before)
+    assert hs._fingerprint_map(FP, None, "f16", True) == {**FP.to_dict(), "exact": True}
 
 
 async def test_different_model_names_the_field():
