@@ -33,8 +33,9 @@ def load_runner(path: str | Path, *, backend: str | None = None,
     name = _choose(backend)
     if name == "mlx":
         if config.exact:
-            raise ValueError("--exact is for the llamacpp backend; the MLX backend's "
-                             "grouping invariance is not measured yet")
+            from backends.llamacpp.exact import NOT_ON_MLX
+
+            raise ValueError(NOT_ON_MLX)
         if config.kv_cache_type != "f16":
             raise ValueError(f"--kv-cache-type {config.kv_cache_type} is for the llamacpp "
                              "backend; the MLX backend's KV cache is f16 only for now")

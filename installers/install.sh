@@ -117,6 +117,7 @@ cached_wheel() {
       --wheel-dir "$build_dir" "llama-cpp-python==$LLAMA_CPP_VERSION"
     mkdir -p "$wheel_dir"
     mv "$build_dir"/llama_cpp_python-*.whl "$wheel_dir"/
+    rm -rf "$build_dir" # now: a second build in this run would leave it behind
     wheels=("$wheel_dir"/llama_cpp_python-*.whl)
   else
     say "llama-cpp-python: using the cached wheel ${wheels[0]}"
@@ -164,8 +165,11 @@ if [[ $dev == 1 || $exact == 1 ]]; then
   exact_args="$cmake_args -DGGML_LLAMAFILE=OFF"
   exact_stamp="llama-cpp-python $LLAMA_CPP_VERSION: $exact_args" # the bindings' version too
   if [[ $cmake_args == *GGML_METAL* || $cmake_args == *GGML_CUDA* ]]; then
-    say "exact: skipped (exact mode is built and measured for the CPU build only)"
-  elif [[ -f $exact_dir/libllama.so && $(cat "$exact_dir/.stamp" 2>/dev/null) == "$exact_stamp" ]]; then
+    why="exact mode is built and measured for the CPU llama.cpp build only"
+    if [[ $exact == 1 ]]; then die "--exact: $why; this machine's build is $cmake_args"; fi
+    say "exact: skipped ($why)"
+  elif [[ -f $exact_dir/libllama.so || -f $exact_dir/libllama.dylib ]] &&
+    [[ $(cat "$exact_dir/.stamp" 2>/dev/null) == "$exact_stamp" ]]; then
     say "exact: up to date ($exact_dir)"
   else
     cached_wheel "$exact_args"

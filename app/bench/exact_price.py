@@ -31,7 +31,12 @@ def _bench(model: str, args: list[str], exact: bool) -> list[dict]:
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    # every run says which mode it ran (the bench rows, or the speculative table's first)
+    said = {r["exact"] for r in rows if "exact" in r}
+    if said != {exact}:
+        raise RuntimeError(f"{' '.join(cmd)} ran exact={said}, not {exact}")
+    return rows
 
 
 def measurements(model: str, exact: bool) -> dict[str, float]:
@@ -63,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             runs[exact].append(got)
             print(json.dumps({"round": r, "exact": exact, **got}), flush=True)
     for metric in runs[False][0]:
+        if not all(metric in m for m in runs[False] + runs[True]):
+            continue  # a speculative cell one run did not report
         default = statistics.median(m[metric] for m in runs[False])
-        exact = statistics.median(m[metric] for m in runs[True] if metric in m)
+        exact = statistics.median(m[metric] for m in runs[True])
         print(json.dumps({"summary": metric, "default": round(default, 3),
                           "exact": round(exact, 3),
                           "exact_over_default": round(exact / default, 3)}), flush=True)

@@ -1,11 +1,12 @@
 """Same answer every time, at scale (issue 31): generated chat prompts, each compared bit for
 bit, by logits, across every grouping of its tokens the engine can produce.
 
-`python -m app.bench.exactness [--prompts 200] [--exact]` prints one JSON line per
-comparison and prompt-set, then a summary line (`"summary": true`) with, per comparison,
-the prompts that matched and the max |Δ logits|. Each prompt's reference is the prompt in
-one step and its greedy continuation one token per step; every comparison computes the
-logits of the same continuation (teacher-forced) grouped another way:
+`python -m app.bench.exactness [--prompts 200] [--exact]` prints a JSON line of the
+setting, one per comparison (prompts compared, bit-identical, with the reference's greedy
+tokens, max |Δ logits|), then a summary line (`"summary": true`). Each prompt's reference is
+the prompt in one step (up to 512 tokens) and its greedy continuation one token per step;
+every comparison computes the logits of the same continuation (teacher-forced) grouped
+another way:
 
 - `prefix_hit`: the prompt's KV truncated to each hit length h (every h in 1..P-1 at
   `--hit-stride 1`; h = P-1 is a full prefix-cache hit, whose last token is recomputed),
@@ -38,7 +39,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from backends.base import BatchItem, Runner
+from app.bench.invariance import Probe, max_delta
+from backends.base import Runner
 
 SPEC_KS = tuple(range(1, 9))
 WRONG_EVERY = 3  # spec_wrong_drafts: every third draft is wrong
@@ -100,18 +102,11 @@ class Reference:
     logits: np.ndarray
 
 
-class Steps:
-    """Runs steps on one runner's slots; slot `s` owns blocks `s*span ..`."""
+class Steps(Probe):
+    """Runs steps on one runner's slots; slot `s` owns blocks `s*span ..` (`Probe.item`)."""
 
     def __init__(self, runner: Runner) -> None:
-        self.runner = runner
-        self.span = -(-runner.max_seq_tokens // runner.block_size)
-
-    def item(self, slot: int, tokens: list[int], start: int, rows: list[int]) -> BatchItem:
-        end = start + len(tokens)
-        table = list(range(slot * self.span,
-                           slot * self.span + -(-end // self.runner.block_size)))
-        return BatchItem(slot, list(tokens), start, table, rows)
+        super().__init__(runner, runner.max_seq_tokens)
 
     def step(self, slot: int, tokens: list[int], start: int, rows: list[int]) -> np.ndarray:
         return np.array(self.runner.execute([self.item(slot, tokens, start, rows)]))
@@ -131,7 +126,11 @@ class Steps:
 
 
 def reference(steps: Steps, prompt: list[int], generate: int) -> Reference:
-    """Greedy: the prompt in one step, then one token per step."""
+    """Greedy: the prompt in one step (steps of the runner's `max_batch_tokens` beyond it),
+    then one token per step. Raises ValueError if prompt and continuation exceed a slot."""
+    if len(prompt) + generate > steps.runner.max_seq_tokens:
+        raise ValueError(f"a {len(prompt)}-token prompt and {generate} more tokens do not "
+                         f"fit a slot of {steps.runner.max_seq_tokens}")
     steps.runner.truncate(0, 0)
     rows = [steps.prefill(0, prompt, last_logits=True)[0]]
     tokens = [int(np.argmax(rows[0]))]
@@ -167,9 +166,10 @@ def prefix_hits(steps: Steps, ref: Reference, stride: int = 1) -> Iterator[np.nd
 def speculative(steps: Steps, ref: Reference, k: int, wrong_every: int = 0,
                 rng: random.Random | None = None) -> np.ndarray:
     """With the prompt less its last token in slot 0 (left so): the continuation's logits
-    from verify steps of the last token + `k` drafts, logits at every position; with
-    `wrong_every`, every such draft is replaced by another token and the rows after it
-    discarded, the slot truncated to the accepted tokens. Returns `[G, V]`."""
+    from verify steps of the last token + `k` drafts, logits at every position. With
+    `wrong_every`, every `wrong_every`-th draft (counted over the run) is replaced by
+    another token, the rows after it discarded and the slot truncated to the accepted
+    tokens, as a rejection does. Returns `[G, V]`."""
     p, gen = len(ref.prompt), ref.tokens
     rows: list[np.ndarray] = []
     drafted = 0
@@ -230,11 +230,6 @@ def two_box(steps: Steps, worker: Steps, ref: Reference, chunk: int) -> np.ndarr
     worker.runner.truncate(0, 0)
     steps.runner.truncate(0, 0)
     return got
-
-
-def max_delta(a: np.ndarray, b: np.ndarray) -> float:
-    """max |a - b| (0.0: bit-identical)."""
-    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
 class Tally:

@@ -12,7 +12,8 @@ Every prompt's reference is the prompt alone (one running request). Then all of 
 
 `python -m app.bench.exactness_engine [--prompts 24] [--exact]` prints a JSON line per
 comparison: prompts whose tokens and log-probabilities (the sampled token's and the top
-2's, floats compared exactly) equal the reference's.
+2's, floats compared exactly) equal the reference's, and the run's prompt tokens served from
+the prefix cache and draft tokens verified and accepted.
 """
 
 from __future__ import annotations
@@ -43,12 +44,14 @@ def sampling(i: int, generate: int, seeded: bool) -> SamplingParams:
 
 
 Result = tuple[list[int], list[tuple]]  # (tokens, per token (logprob, top))
+COUNTED = ("cached_tokens", "num_draft_tokens", "num_accepted_tokens")
 
 
-def generate(engine: LLMEngine, prompts: list[list[int]],
-             params: list[SamplingParams]) -> list[Result]:
+def generate(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams],
+             counts: dict[str, int] | None = None) -> list[Result]:
     """Submit every prompt at once and step until done; per prompt its tokens and
-    log-probs."""
+    log-probs. Adds the requests' `COUNTED` metrics into `counts` (the proof that a run
+    hit the prefix cache, or drafted and rejected)."""
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         engine.add_request(str(i), prompt, p)
     tokens: dict[str, list[int]] = {}
@@ -59,6 +62,9 @@ def generate(engine: LLMEngine, prompts: list[list[int]],
             for lp in o.logprobs or []:
                 logprobs.setdefault(o.request_id, []).append(
                     (lp.token_id, lp.logprob, tuple((t, v) for t, _, v in lp.top)))
+            if o.finished and o.metrics is not None and counts is not None:
+                for name in COUNTED:
+                    counts[name] = counts.get(name, 0) + getattr(o.metrics, name)
     return [(tokens[str(i)], logprobs.get(str(i), [])) for i in range(len(prompts))]
 
 
@@ -70,35 +76,41 @@ def _engine(runner: Runner, max_seqs: int, spec: str | None = None) -> LLMEngine
     return LLMEngine(runner, config, speculator=speculator)
 
 
-def _one_by_one(engine: LLMEngine, prompts: list[list[int]],
-                params: list[SamplingParams]) -> list[Result]:
-    return [generate(engine, [p], [q])[0] for p, q in zip(prompts, params, strict=True)]
+def _one_by_one(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams],
+                counts: dict[str, int]) -> list[Result]:
+    return [generate(engine, [p], [q], counts)[0]
+            for p, q in zip(prompts, params, strict=True)]
 
 
 def compare(runner: Runner, prompts: list[list[int]], generate_tokens: int
             ) -> Iterable[dict]:
-    """Per (sampling, comparison): {"comparison", "sampling", "prompts", "identical"}."""
+    """Per (sampling, comparison): {"comparison", "sampling", "prompts", "identical" (tokens
+    and log-probs), "same_tokens", and the run's summed `COUNTED` metrics}."""
     for seeded in (False, True):
         kind = "seeded" if seeded else "greedy"
         params = [sampling(i, generate_tokens, seeded) for i in range(len(prompts))]
-        # alone: a fresh engine (empty prefix cache) per prompt
+        # alone: one request at a time, on an engine of its own
         ref = [generate(_engine(runner, 1), [p], [q])[0]
                for p, q in zip(prompts, params, strict=True)]
         engine = _engine(runner, 16)
-        runs = {"batched": generate(engine, prompts, params),
-                "cached": generate(engine, prompts, params)}
+        counts: dict[str, dict[str, int]] = {"batched": {}, "cached": {}}
+        runs = {"batched": generate(engine, prompts, params, counts["batched"]),
+                "cached": generate(engine, prompts, params, counts["cached"])}
         for k in PREDICTION_KS:
             predicted = []
             for q, (tokens, _) in zip(params, ref, strict=True):
                 guess = [t if (j + 1) % WRONG_EVERY else (t + 1) % runner.info.n_vocab
                          for j, t in enumerate(tokens)]
                 predicted.append(SamplingParams(**{**_fields(q), "prediction": guess}))
-            runs[f"prediction_fixed_{k}"] = _one_by_one(_engine(runner, 1, f"fixed:{k}"),
-                                                         prompts, predicted)
+            name = f"prediction_fixed_{k}"
+            counts[name] = {}
+            runs[name] = _one_by_one(_engine(runner, 1, f"fixed:{k}"), prompts, predicted,
+                                     counts[name])
         for name, got in runs.items():
             yield {"comparison": name, "sampling": kind, "prompts": len(prompts),
                    "identical": sum(g == r for g, r in zip(got, ref, strict=True)),
-                   "same_tokens": sum(g[0] == r[0] for g, r in zip(got, ref, strict=True))}
+                   "same_tokens": sum(g[0] == r[0] for g, r in zip(got, ref, strict=True)),
+                   **counts[name]}
 
 
 def _fields(p: SamplingParams) -> dict:

@@ -182,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--exact", action="store_true",
                    help="measure exact mode (backends/llamacpp/exact.py) instead: flash "
-                        "attention and repacking off, llama.cpp built without tinyBLAS")
+                        "attention and repacking off, split layout, f16 KV, llama.cpp built "
+                        "without tinyBLAS (so --flash-attn, --kv-layout, --repack and "
+                        "--kv-cache-type do not apply)")
     args = p.parse_args(argv)
     if args.exact:
         from backends.llamacpp.exact import select_library

@@ -75,6 +75,10 @@ def main(args: argparse.Namespace) -> int:
         return fail("--concurrency levels must be >= 1")
     if args.vs_mlx_lm and (args.backend != "mlx" or args.url):
         return fail("--vs-mlx-lm needs --backend mlx and no --url")
+    if args.exact and (args.url or args.baseline or args.vs_mlx_lm):
+        return fail("--exact applies to the in-process llama.cpp engine: not with --url (start "
+                    "the server with --exact), --baseline raw (it measures the default "
+                    "library) or --vs-mlx-lm")
     if args.png == "":
         from app.bench.charts import default_chart_path
 
@@ -262,7 +266,8 @@ def _spec_model(args: argparse.Namespace, path: Path, levels: list[int], workloa
 
     # the split layout: output independent of batch shape, so every mode's tokens match
     runner_config = RunnerConfig(max_seqs=max(levels), seq_tokens=2048, kv_layout="split",
-                                 n_threads=args.threads, kv_cache_type=args.kv_cache_type)
+                                 n_threads=args.threads, kv_cache_type=args.kv_cache_type,
+                                 exact=args.exact)
     runner, backend = load_runner(path, backend=args.backend, config=runner_config)
     tag = {"format": fmt} if fmt else {}
 
@@ -279,7 +284,7 @@ def _spec_model(args: argparse.Namespace, path: Path, levels: list[int], workloa
         else:
             curve, cached = step_time_curve(runner, path, backend)
         emit({"step_time_ratios": curve.ratios(), "t1_ms": round(curve(1) * 1e3, 2),
-              "cached": cached})
+              "cached": cached, "exact": runner_config.exact})
         draft = None
         if args.draft_model:
             from app.config import EngineArgs
@@ -329,6 +334,10 @@ def _spec(args: argparse.Namespace, levels: list[int]) -> int:
     if formats and args.png:
         return fail("--png draws one format's cells; leave it out with --formats")
     try:
+        if args.exact:  # before `_converted` (llama.cpp's quantizer) loads llama.cpp
+            from backends.llamacpp.exact import select_library
+
+            select_library()
         for m in modes:
             SpecConfig(mode=m, num_draft_tokens=args.num_draft_tokens)
         path = resolve_model(args.model)

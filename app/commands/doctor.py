@@ -105,11 +105,10 @@ def llamacpp_facts() -> dict[str, Any]:
             facts["gpu_offload"] = bool(llama_cpp.llama_supports_gpu_offload())
         except Exception as e:
             facts["error"] = str(e)
-    from backends.llamacpp.exact import library_dir
+    from backends.llamacpp.exact import installed, library_dir
 
     # checked, not loaded: this process has the default library
-    lib = library_dir()
-    facts["exact_library"] = str(lib) if (lib / "libllama.so").is_file() else None
+    facts["exact_library"] = str(library_dir()) if installed() else None
     return facts
 
 

@@ -151,7 +151,10 @@ def engine_args_from(ns: argparse.Namespace, flags=COMMON, **overrides: Any) -> 
     args.spec.__post_init__()
     args.__post_init__()
     if args.runner.exact:
-        from backends.llamacpp.exact import select_library
+        from backends.llamacpp.exact import NOT_ON_MLX, select_library
+
+        if args.backend == "mlx":  # before the library, which is llama.cpp's
+            raise ValueError(NOT_ON_MLX)
 
         select_library()
     return args

@@ -10,7 +10,8 @@ GEMV below. Exact mode turns all three off: flash attention off and plain weight
 context settings, and tinyBLAS is a build option (`GGML_LLAMAFILE=OFF`), so it loads a
 second llama.cpp library that the installer builds without it (`install.sh --exact`, also
 part of `--dev`). Every matmul then computes each output element as one `vec_dot` over
-the whole row, whatever else shares the step.
+the whole row, whatever else shares the step (read and measured on x86-64; an ARM build
+with int8 matrix-multiply kernels computes two rows per `vec_dot`, which is not measured).
 
 The library is chosen by llama-cpp-python when it is first imported
 (`LLAMA_CPP_LIB_PATH`), so `select_library()` must run before anything imports
@@ -26,6 +27,8 @@ from pathlib import Path
 LIB_ENV = "TANDEM_EXACT_LIB"  # a directory holding the exact build's libllama.so and ggml
 LIB_DIR_NAME = "tandem-llama-exact"  # under the venv's lib/, where install.sh puts it
 INSTALL_HINT = "bash installers/install.sh --exact"
+NOT_ON_MLX = ("--exact is for the llamacpp backend; the MLX backend's grouping invariance is "
+              "not measured yet")
 
 
 def library_dir() -> Path:
@@ -34,12 +37,18 @@ def library_dir() -> Path:
     return Path(os.environ.get(LIB_ENV) or Path(sys.prefix) / "lib" / LIB_DIR_NAME)
 
 
+def installed(lib: Path | None = None) -> bool:
+    """Whether the exact build's libllama is in `lib` (default: `library_dir()`)."""
+    lib = lib or library_dir()
+    return (lib / "libllama.so").is_file() or (lib / "libllama.dylib").is_file()
+
+
 def select_library() -> Path:
     """Make the exact build the llama.cpp library this process loads. Returns its
     directory. Raises ValueError when it is not installed, or when `llama_cpp` was
     already imported with another library (it cannot be swapped in a running process)."""
     lib = library_dir()
-    if not (lib / "libllama.so").is_file() and not (lib / "libllama.dylib").is_file():
+    if not installed(lib):
         raise ValueError(f"--exact needs llama.cpp built without llamafile's tinyBLAS, "
                          f"which is not installed at {lib}; run `{INSTALL_HINT}`")
     if "llama_cpp" in sys.modules:
@@ -66,7 +75,7 @@ def resolve(*, flash_attn: str, repack: str, kv_cache_type: str, kv_layout: str
     attention) or the unified layout (a sequence's attention then runs beside others')."""
     conflicts = []
     if flash_attn == "on":
-        conflicts.append("--flash-attn on (its kernel depends on the queries in a step)")
+        conflicts.append("flash attention on (its kernel depends on the queries in a step)")
     if repack == "on":
         conflicts.append("--repack on (a GEMM for 4+ rows, a GEMV below)")
     if kv_cache_type != "f16":

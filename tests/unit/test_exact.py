@@ -27,8 +27,8 @@ def test_every_conflict_is_named_in_one_error() -> None:
     with pytest.raises(ValueError) as err:
         exact.resolve(flash_attn="on", repack="on", kv_cache_type="q8_0", kv_layout="unified")
     assert str(err.value) == (
-        "--exact cannot be combined with --flash-attn on (its kernel depends on the queries "
-        "in a step); --repack on (a GEMM for 4+ rows, a GEMV below); --kv-cache-type q8_0 "
+        "--exact cannot be combined with flash attention on (its kernel depends on the "
+        "queries in a step); --repack on (a GEMM for 4+ rows, a GEMV below); --kv-cache-type q8_0 "
         "(a quantized V needs flash attention); --kv-layout unified (sequences share one "
         "attention stream)")
 
@@ -77,3 +77,21 @@ def test_cli_refuses_a_conflicting_flag_before_loading(tmp_path) -> None:
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == ("tandem: error: --exact cannot be combined with --kv-layout unified "
                         "(sequences share one attention stream)\n")
+
+
+@pytest.mark.parametrize("extra", [["--url", "http://127.0.0.1:9"], ["--baseline", "raw"]])
+def test_bench_refuses_exact_where_it_would_not_apply(extra) -> None:
+    r = subprocess.run([sys.executable, "-m", "app.cli", "bench", "--exact", *extra],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (
+        "tandem: error: --exact applies to the in-process llama.cpp engine: not with --url "
+        "(start the server with --exact), --baseline raw (it measures the default library) "
+        "or --vs-mlx-lm\n")
+
+
+def test_mlx_is_refused_before_the_library_is_looked_for(tmp_path) -> None:
+    r = subprocess.run([sys.executable, "-m", "app.cli", "run", "--exact", "--backend", "mlx",
+                        "hi"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, exact.LIB_ENV: str(tmp_path)})
+    assert (r.returncode, r.stderr) == (1, f"tandem: error: {exact.NOT_ON_MLX}\n")

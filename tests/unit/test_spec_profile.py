@@ -143,3 +143,16 @@ def test_a_contended_measurement_is_used_but_never_cached(monkeypatch, tmp_path)
     assert [len(step[0].tokens) for step in runner.steps].count(128) == 2  # measured twice
     assert not path.exists()
     assert p.online_times().persist is None  # nor do its online estimates get saved
+
+
+def test_exact_mode_has_a_curve_of_its_own(tmp_path):
+    """Exact mode runs another llama.cpp library without flash attention: its steps take
+    other times, so its curve is cached under another key; the default key is unchanged."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    runner = FakeRunner(num_blocks=8, block_size=1)
+    default = spec_profile.profile_key(model, "llamacpp", runner)
+    runner.exact = False
+    assert spec_profile.profile_key(model, "llamacpp", runner) == default
+    runner.exact = True
+    assert spec_profile.profile_key(model, "llamacpp", runner) != default
