@@ -30,7 +30,7 @@ from backends.llamacpp.kv_plan import (
 )
 from backends.llamacpp.memory import ContextMemory, blob_pointer
 from backends.llamacpp.plain_prefill import PLAIN_PREFILL_MIN_TOKENS, PlainPrefill
-from backends.llamacpp.repack import PLAIN_BUFFERS, repack_verdict
+from backends.llamacpp.repack import PLAIN_BUFFERS, RepackVerdict, repack_verdict
 from backends.llamacpp.residency import PrefixResidency, SplitResidency, UnifiedResidency
 from backends.llamacpp.runtime import default_threads
 from backends.llamacpp.tokenizer import LlamaCppTokenizer
@@ -143,6 +143,8 @@ class LlamaCppRunner:
         self._embedder_lock = threading.Lock()
         self._flash_attn_type = _FLASH_ATTN[self.flash_attn]
         self.repack = repack_verdict(path, repack)
+        if exact:  # say why: the user may not have asked for "off"
+            self.repack = RepackVerdict(False, "--exact")
         self._model, self.weight_buffers = runtime.load_model(path, self.repack.repack)
         self.block_size = block_size
         self.max_seqs = max_seqs

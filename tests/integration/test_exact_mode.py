@@ -88,7 +88,10 @@ def test_engine_gives_the_same_tokens_and_logprobs() -> None:
         if r["comparison"] == "cached":
             assert r["cached_tokens"] >= 24 * 10
         if r["comparison"].startswith("prediction"):
-            assert r["num_draft_tokens"] > r["num_accepted_tokens"] > 0
+            assert r["num_draft_tokens"] >= r["num_accepted_tokens"] > 0
+        if r["comparison"] in ("prediction_fixed_5", "prediction_fixed_8"):
+            # k = 2 can step over every wrong token; 5 and 8 reach one
+            assert r["num_draft_tokens"] > r["num_accepted_tokens"]
 
 
 def test_two_box_cli_equals_one_box_and_refuses_a_mixed_pair(tmp_path) -> None:
