@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterable
+from dataclasses import replace
 
 from app.engine.config import EngineConfig, SchedulerConfig, SpecConfig
 from app.engine.engine import LLMEngine
@@ -101,7 +102,7 @@ def compare(runner: Runner, prompts: list[list[int]], generate_tokens: int
             for q, (tokens, _) in zip(params, ref, strict=True):
                 guess = [t if (j + 1) % WRONG_EVERY else (t + 1) % runner.info.n_vocab
                          for j, t in enumerate(tokens)]
-                predicted.append(SamplingParams(**{**_fields(q), "prediction": guess}))
+                predicted.append(replace(q, prediction=guess))
             name = f"prediction_fixed_{k}"
             counts[name] = {}
             runs[name] = _one_by_one(_engine(runner, 1, f"fixed:{k}"), prompts, predicted,
@@ -111,12 +112,6 @@ def compare(runner: Runner, prompts: list[list[int]], generate_tokens: int
                    "identical": sum(g == r for g, r in zip(got, ref, strict=True)),
                    "same_tokens": sum(g[0] == r[0] for g, r in zip(got, ref, strict=True)),
                    **counts[name]}
-
-
-def _fields(p: SamplingParams) -> dict:
-    from dataclasses import fields
-
-    return {f.name: getattr(p, f.name) for f in fields(p) if f.init}
 
 
 def main(argv: list[str] | None = None) -> int:
