@@ -29,7 +29,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from app.bench.netns import PEER_IP, emulated_link
+from app.bench.netns import emulated_link
 from app.bench.two_box import fresh_prompt, time_to_first_token
 from app.bench.worker_process import WorkerProcess
 from models.registry import DEFAULT_MODEL
@@ -84,19 +84,19 @@ def main(argv: list[str] | None = None) -> int:
     secret.write_text(os.urandom(32).hex())
     os.sched_setaffinity(0, {1})
     result: dict = {"model": args.model, "link": {"rate": args.rate, "delay": args.delay}}
-    with emulated_link(args.rate, args.delay) as (ns, shaping):
-        result["link"]["shaping"] = shaping
+    with emulated_link(args.rate, args.delay) as link:
+        result["link"]["shaping"] = link.shaping
         # started before the throttle, so that it stays outside the decode box's cgroup
-        worker = WorkerProcess(secret.parent, "--model", args.model, "--host", PEER_IP,
+        worker = WorkerProcess(secret.parent, "--model", args.model, "--host", link.peer_ip,
                                "--secret-file", str(secret), "--threads", "1",
                                "--ctx-size", str(ctx),
-                               prefix=("ip", "netns", "exec", ns, "taskset", "-c", "0"))
+                               prefix=("ip", "netns", "exec", link.namespace, "taskset", "-c", "0"))
         throttle = cpu_share(args.decode_cpu_share)
         throttled = throttle.__enter__()
         result["decode_cpu_share"] = args.decode_cpu_share if throttled else 1.0
         try:
             runner = RunnerConfig(max_seqs=2, seq_tokens=ctx, n_threads=1)
-            peer = PeerConfig(PEER_IP, worker.port, secret=secret.read_bytes(),
+            peer = PeerConfig(link.peer_ip, worker.port, secret=secret.read_bytes(),
                               first_frame_timeout_s=60, frame_timeout_s=30,
                               policy=PolicyConfig(mode="always"))
             local = load_engine(EngineArgs(model=args.model, runner=runner))

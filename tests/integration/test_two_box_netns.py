@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
+import subprocess
+import sys
 
 import pytest
 
-from app.bench.netns import PEER_IP, emulated_link
+from app.bench.netns import Link, emulated_link
 from app.bench.worker_process import WorkerProcess
 from app.config import EngineArgs
 from app.disagg.peer import PeerConfig
@@ -32,12 +35,12 @@ RUNNER = RunnerConfig(max_seqs=2, seq_tokens=2048, n_threads=1)
 
 @pytest.fixture(scope="module")
 def link():
-    """(namespace, "netem" | "tbf") of an emulated 1 Gbit/s, 0.5 ms link."""
+    """An emulated 1 Gbit/s, 0.5 ms link."""
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
         pytest.skip("needs root and iproute2 (ip, tc)")
     try:
-        with emulated_link("1gbit", "0.5ms") as (ns, shaping):
-            yield ns, shaping
+        with emulated_link("1gbit", "0.5ms") as shaped:
+            yield shaped
     except OSError as e:
         pytest.skip(f"cannot emulate a link here: {e}")
 
@@ -50,16 +53,16 @@ def secret_file(tmp_path_factory):
     return path
 
 
-def worker_in(ns: str, tmp, secret_file) -> WorkerProcess:
-    return WorkerProcess(tmp, "--host", PEER_IP, "--secret-file", str(secret_file),
+def worker_in(link: Link, tmp, secret_file) -> WorkerProcess:
+    return WorkerProcess(tmp, "--host", link.peer_ip, "--secret-file", str(secret_file),
                          "--threads", "1", "--ctx-size", "2048",
-                         prefix=("ip", "netns", "exec", ns))
+                         prefix=("ip", "netns", "exec", link.namespace))
 
 
 @pytest.fixture(scope="module")
-def engines(embedded_model, secret_file):
+def engines(embedded_model, link, secret_file):
     local = load_engine(EngineArgs(model=str(embedded_model), runner=RUNNER))
-    peer = PeerConfig(PEER_IP, 1, secret=secret_file.read_bytes().strip(),
+    peer = PeerConfig(link.peer_ip, 1, secret=secret_file.read_bytes().strip(),
                       frame_timeout_s=1.0, policy=PolicyConfig(mode="always"))
     split = load_engine(EngineArgs(model=str(embedded_model), runner=RUNNER,
                                    prefill_peer=peer))
@@ -79,9 +82,8 @@ def aim(split, port: int, secret: bytes | None = None):
 
 
 def test_split_over_the_shaped_link(link, engines, secret_file, tmp_path):
-    ns, kind = link
     local, split = engines
-    w = worker_in(ns, tmp_path, secret_file)
+    w = worker_in(link, tmp_path, secret_file)
     try:
         ids = prompt_ids(local, 170, "netns")  # two chunks
         want, _ = generate(local, ids)
@@ -92,16 +94,15 @@ def test_split_over_the_shaped_link(link, engines, secret_file, tmp_path):
         assert info["ok"] and info["chunks"] == 2
         # the probe sees the shaped link: at most 1 Gbit/s = 0.125 GB/s, plus slack for the
         # token bucket's burst
-        assert 0.01 < info["link_gbps"] < 0.2, (kind, info["link_gbps"])
+        assert 0.01 < info["link_gbps"] < 0.2, (link.shaping, info["link_gbps"])
     finally:
         w.stop()
 
 
 @pytest.mark.parametrize("fault", ["killed", "stalled", "wrong_secret"])
 def test_faults_over_the_shaped_link(link, engines, secret_file, tmp_path, fault):
-    ns, _ = link
     local, split = engines
-    w = worker_in(ns, tmp_path, secret_file)
+    w = worker_in(link, tmp_path, secret_file)
     try:
         ids = prompt_ids(local, 170, f"netns-{fault}")
         want, _ = generate(local, ids)
@@ -129,3 +130,23 @@ def test_faults_over_the_shaped_link(link, engines, secret_file, tmp_path, fault
                 .remote_prefill["ok"]
     finally:
         w.stop()
+
+
+def test_a_namespace_left_behind_does_not_take_the_next_links_traffic(link):
+    """A killed run leaves its namespace and veth routing its subnet; a second link made
+    beside it (here: beside the module's) takes another subnet, and a listener in it is
+    reached, not refused by the first namespace."""
+    with emulated_link("1gbit", "0.5ms") as second:
+        assert second.peer_ip.rsplit(".", 1)[0] != link.peer_ip.rsplit(".", 1)[0]
+        listener = subprocess.Popen(
+            ["ip", "netns", "exec", second.namespace, sys.executable, "-c",
+             f"import socket; s = socket.create_server(({second.peer_ip!r}, 0)); "
+             "print(s.getsockname()[1], flush=True); s.accept()[0].sendall(b'hi')"],
+            stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(listener.stdout.readline())
+            with socket.create_connection((second.peer_ip, port), timeout=5) as conn:
+                assert conn.recv(2) == b"hi"
+        finally:
+            listener.kill()
+            listener.wait()
