@@ -118,7 +118,10 @@ def test_prefill_progress_on_a_terminal_and_nothing_when_piped(model: str, tmp_p
 def test_ctrl_c_ends_the_line_and_prints_the_stats_so_far(model: str) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "run", "--model", model, "--raw",
                              "--max-tokens", "2000", *GREEDY, "1, 2, 3, 4, 5, 6,"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # as a terminal's Ctrl+C finds it: a suite started as a background
+                            # job of a script (`cmd &`) hands its children SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = proc.stdout.read(8)
     proc.send_signal(signal.SIGINT)
     rest, err = proc.communicate(timeout=120)
