@@ -4,7 +4,10 @@ against speculation off measured in the same run (`tandem bench --spec ...`).
 Workloads:
 - code-edit: "rename this variable in the code below" (copy-heavy: n-gram drafts);
 - prediction: the same requests with the original code as OpenAI `prediction`;
-- free: free writing (few useful drafts).
+- free: free writing (few useful drafts);
+- agent-loop: a coding agent's tool loop, 10 turns per conversation, each turn's prompt the
+  conversation so far (`app.bench.agent_loop`); one conversation per user, turns in order,
+  with prefix caching as a server has it.
 Each (workload, concurrency) cell runs every mode back to back on one runner through the
 synchronous engine, greedy, in the split KV layout, so every mode produces the same tokens.
 """
@@ -15,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from app.bench.agent_loop import AgentLoop
 from app.bench.charts import ChartContext, bar_panel, figure, save, suptitle
 from app.bench.stats import ratio
 from app.engine.config import EngineConfig, SchedulerConfig, SpecConfig
@@ -54,12 +58,17 @@ CODE = [
 RENAMES = [("subtotal", "net"), ("count", "value")]
 TOPICS = ["a lighthouse keeper", "a robot learning to paint", "a city under the sea",
           "the last day of summer", "a dragon who collects clocks", "a train that never stops"]
-WORKLOADS = ("code-edit", "prediction", "free")
+WORKLOADS = ("code-edit", "prediction", "free", "agent-loop")
+FollowUp = Callable[[int, list[list[int]]], "tuple[list[int], SamplingParams] | None"]
 
 
 def requests_for(workload: str, runner: Runner, n: int, max_tokens: int
                  ) -> list[tuple[list[int], SamplingParams]]:
-    """`n` (prompt ids, params) of `workload`; greedy."""
+    """`n` (prompt ids, params) of `workload`; greedy. For agent-loop, each conversation's
+    first turn (`AgentLoop.follow` gives the next ones)."""
+    if workload == "agent-loop":
+        loop = AgentLoop(runner.tokenizer, max_tokens)
+        return [loop.first(i) for i in range(n)]
     out = []
     for i in range(n):
         if workload == "free":
@@ -79,12 +88,16 @@ def requests_for(workload: str, runner: Runner, n: int, max_tokens: int
 
 def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context: int,
              num_draft_tokens: int = 8,
-             draft: tuple[Runner, StepTimeCurve] | None = None) -> dict:
+             draft: tuple[Runner, StepTimeCurve] | None = None,
+             follow: FollowUp | None = None, suffix_tokens: int = 1 << 15) -> dict:
     """Serve `requests` together under `mode`; tokens/s, acceptance and chosen k. `draft`
-    (a draft model's runner and step-time curve) joins every mode but off."""
+    (a draft model's runner and step-time curve) joins every mode but off. `follow(i,
+    replies)`: request i's next turn once its replies so far (token ids) are done, or None
+    (then prefix caching is on, as a server has it for a conversation). `suffix_tokens`:
+    the suffix index's cap (0: none)."""
     blocks = list(range(runner.num_blocks))
     runner.evict(blocks)  # nothing cached from an earlier cell
-    config = EngineConfig(context_length=context, enable_prefix_caching=False,
+    config = EngineConfig(context_length=context, enable_prefix_caching=follow is not None,
                           scheduler=SchedulerConfig(max_num_seqs=runner.max_seqs,
                                                     max_num_batched_tokens=512))
     speculator = residency = None
@@ -94,13 +107,15 @@ def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context:
             draft[0].evict(blocks)
             residency = MirroredResidency(runner, draft[0], runner.block_size)
             proposer, draft_curve = DraftModelProposer(draft[0], residency), draft[1]
-        speculator = Speculator(SpecConfig(mode=mode, num_draft_tokens=num_draft_tokens),
+        speculator = Speculator(SpecConfig(mode=mode, num_draft_tokens=num_draft_tokens,
+                                           suffix_tokens=suffix_tokens),
                                 curve, context, runner.capabilities.equal_split,
                                 proposer, draft_curve)
     engine = LLMEngine(runner, config, residency=residency, speculator=speculator)
     for i, (prompt, params) in enumerate(requests):
-        engine.add_request(str(i), prompt, params)
+        engine.add_request(f"{i}:0", prompt, params)
     tokens: dict[str, list[int]] = {}
+    replies: dict[int, list[list[int]]] = {i: [] for i in range(len(requests))}
     steps = 0
     t0 = time.perf_counter()
     first = None
@@ -109,9 +124,15 @@ def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context:
             tokens.setdefault(out.request_id, []).extend(out.token_ids)
             if first is None:
                 first = time.perf_counter()
+            if out.finished and follow is not None:
+                i = int(out.request_id.split(":")[0])
+                replies[i].append(tokens[out.request_id])
+                turn = follow(i, replies[i])
+                if turn is not None:
+                    engine.add_request(f"{i}:{len(replies[i])}", *turn)
         steps += 1
     wall = time.perf_counter() - (first or t0)
-    n_tokens = sum(len(t) for t in tokens.values()) - len(requests)  # decode tokens
+    n_tokens = sum(len(t) for t in tokens.values()) - len(tokens)  # decode tokens
     stats = speculator.stats.snapshot() if speculator else {}
     drafted = stats.get("draft_tokens", 0)
     return {
@@ -122,13 +143,15 @@ def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context:
         "draft_tokens": drafted,
         "acceptance": round(stats["accepted_tokens"] / drafted, 3) if drafted else None,
         "chosen_k": stats.get("chosen_k", {}),
-        "tokens": [tokens[str(i)] for i in range(len(requests))],
+        "suffix_tokens": stats.get("suffix_tokens"),
+        "tokens": [tokens[rid] for rid in sorted(tokens)],
     }
 
 
 def run_spec_bench(runner: Runner, curve: StepTimeCurve, workloads, levels, modes,
                    max_tokens: int, emit: Callable[[dict], None],
-                   draft: tuple[Runner, StepTimeCurve] | None = None) -> list[dict]:
+                   draft: tuple[Runner, StepTimeCurve] | None = None,
+                   suffix_tokens: int = 1 << 15) -> list[dict]:
     """Every (workload, concurrency) cell: each mode, ratio against off, and whether every
     mode gave off's tokens (`same_tokens`)."""
     results = []
@@ -136,7 +159,10 @@ def run_spec_bench(runner: Runner, curve: StepTimeCurve, workloads, levels, mode
     for workload in workloads:
         for c in levels:
             reqs = requests_for(workload, runner, c, max_tokens)
-            cells = {m: run_cell(runner, reqs, m, curve, context, draft=draft)
+            follow = (AgentLoop(runner.tokenizer, max_tokens).follow
+                      if workload == "agent-loop" else None)
+            cells = {m: run_cell(runner, reqs, m, curve, context, draft=draft, follow=follow,
+                                 suffix_tokens=suffix_tokens)
                      for m in ("off", *modes)}
             base = cells["off"]
             for cell in cells.values():

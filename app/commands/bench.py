@@ -48,8 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: off)")
     p.add_argument("--workload", default=None,
                    help="speculative-decoding benchmark: comma-separated workloads "
-                        "(code-edit, prediction, free); --spec is then a comma-separated "
-                        "list of modes, each compared with off in the same run "
+                        "(code-edit, prediction, free, agent-loop); --spec is then a "
+                        "comma-separated list of modes, each compared with off in the same run "
                         "(app/bench/spec.py). With json-schema: the structured-output "
                         "benchmark (json-schema,free: constrained vs unconstrained, forced "
                         "drafts on and off, under --spec; app/bench/structured.py) "
@@ -304,7 +304,7 @@ def _spec_model(args: argparse.Namespace, path: Path, levels: list[int], workloa
                                  args.max_tokens, emit=emit)
             return None
         rows = run_spec_bench(runner, curve, workloads, levels, modes, args.max_tokens,
-                              emit=emit, draft=draft)
+                              emit=emit, draft=draft, suffix_tokens=args.suffix_tokens)
         return [{**tag, **r} for r in rows]
     finally:
         runner.close()
@@ -328,7 +328,7 @@ def _spec(args: argparse.Namespace, levels: list[int]) -> int:
     modes = [m for m in args.spec.split(",") if m and m != "off"]
     formats = [f for f in (args.formats or "").split(",") if f]
     if formats and structured:
-        return fail("--formats is for the speculative workloads (code-edit, prediction, free)")
+        return fail("--formats is for the speculative workloads (code-edit, prediction, free, agent-loop)")
     if structured and len(modes) > 1:
         return fail("the structured-output benchmark takes one --spec mode")
     if formats and args.png:

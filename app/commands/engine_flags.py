@@ -86,7 +86,8 @@ MAX_QUEUE = Flag("--max-queue", "max_waiting", "requests allowed to wait for a b
                  "beyond that requests get 503", non_negative_int, metavar="N")
 
 SPEC = Flag("--spec", "spec.mode", "speculative decoding: auto (drafts from n-gram prompt "
-            "lookup or a request's prediction, only as many per step as this machine's "
+            "lookup, a request's prediction or earlier requests' outputs (the suffix "
+            "index), only as many per step as this machine's "
             "measured step time says pay, plus the --draft-model where those have none), "
             "ngram (no draft model), draft (only the draft model), off, or fixed:K (K "
             "drafts whenever there are any)", metavar="MODE")
@@ -95,10 +96,14 @@ DRAFT_MODEL = Flag("--draft-model", "draft_model", "a smaller model with the sam
                    ".gguf path)", metavar="NAME_OR_PATH")
 NUM_DRAFT_TOKENS = Flag("--num-draft-tokens", "spec.num_draft_tokens", "most draft tokens "
                         "per sequence and step", positive_int, metavar="K")
+SUFFIX_TOKENS = Flag("--suffix-tokens", "spec.suffix_tokens", "memory cap of the suffix "
+                     "index of earlier requests' outputs that drafts for later ones, in "
+                     "tokens (about 830 bytes each); 0 turns it off", non_negative_int,
+                     metavar="N")
 
 # the flags every command that loads a model takes
 COMMON = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_LAYOUT, KV_CACHE_TYPE, REPACK, EXACT, SPEC,
-          DRAFT_MODEL, NUM_DRAFT_TOKENS)
+          DRAFT_MODEL, NUM_DRAFT_TOKENS, SUFFIX_TOKENS)
 
 
 def default_of(field: str, defaults: EngineArgs | None = None) -> Any:

@@ -61,17 +61,22 @@ class SpecConfig:
         num_draft_tokens: most draft tokens per sequence and step (the cap on k).
         forced_drafts: a constrained request's grammar-forced tokens are drafts (in every
             mode but off); off only to measure what they bring.
-    Raises ValueError for an unknown mode or a cap below 1.
+        suffix_tokens: memory cap of the suffix index of earlier requests' outputs, in
+            tokens (`spec_decode.suffix`; ~830 bytes each); 0: no suffix drafts.
+    Raises ValueError for an unknown mode, a cap below 1 or a negative suffix cap.
     """
 
     mode: str = "auto"
     num_draft_tokens: int = 8
     forced_drafts: bool = True
+    suffix_tokens: int = 1 << 15
     fixed_k: int | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 1:
             raise ValueError("num_draft_tokens must be at least 1")
+        if self.suffix_tokens < 0:
+            raise ValueError("suffix_tokens must be 0 (off) or more")
         self.fixed_k = None
         if self.mode.startswith("fixed:"):
             try:

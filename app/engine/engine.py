@@ -562,6 +562,8 @@ class LLMEngine:
     def _finish(self, request: Request, reason: str) -> None:
         if request.metrics.finish_time is None:
             request.metrics.finish_time = time.perf_counter()
+        if self.speculator is not None:
+            self.speculator.finished(request)
         self.scheduler.finish(request, reason)
         self.requests.pop(request.request_id, None)
         self.requests_finished += 1

@@ -1,6 +1,6 @@
 """Prometheus counters of speculative decoding, read from the engine's speculator at scrape time.
 
-Exposed (all counters, cumulative since the engine started; nothing at all when the engine
+Exposed (counters cumulative since the engine started; nothing at all when the engine
 has no speculator, i.e. speculation is off or the runner cannot truncate exactly):
 - `tandem_spec_drafts_total`: verifications of a sequence with at least one draft token;
 - `tandem_spec_draft_tokens_total`: draft tokens verified by the target;
@@ -16,7 +16,11 @@ has no speculator, i.e. speculation is off or the runner cannot truncate exactly
   reason exposed, zeros included). Every decode step of a sequence is a draft (counted in
   `chosen_k` with k >= 1) or one of these, so decode steps = sum over k >= 1 of chosen_k +
   sum of no_draft, less no_draft{reason="grammar"} (drafts the grammar cut after the
-  controller chose them).
+  controller chose them);
+- with a suffix index (`app.engine.spec_decode.suffix`): gauges
+  `tandem_spec_suffix_index_tokens` (earlier outputs' tokens it holds) and
+  `tandem_spec_suffix_index_max_tokens` (its cap), and the counter
+  `tandem_spec_suffix_index_evicted_outputs_total` (outputs taken out to stay under it).
 
 The speculator's stats are written by the engine's step thread; the scrape copies them
 (ints, a list, a dict) through `SpecStats.snapshot()`.
@@ -27,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 
@@ -95,3 +99,16 @@ class SpecCollector(Collector):
         for reason, count in snap["no_draft"].items():
             no_draft.add_metric([reason], int(count))
         yield no_draft
+        if "suffix_tokens" in snap:
+            yield GaugeMetricFamily(
+                "tandem_spec_suffix_index_tokens",
+                "Tokens of earlier outputs held by the suffix index (drafts for later "
+                "requests).", value=int(snap["suffix_tokens"]))
+            yield GaugeMetricFamily(
+                "tandem_spec_suffix_index_max_tokens",
+                "The suffix index's memory cap, in tokens.",
+                value=int(snap["suffix_max_tokens"]))
+            yield CounterMetricFamily(
+                "tandem_spec_suffix_index_evicted_outputs",
+                "Outputs taken out of the suffix index to stay under its cap.",
+                value=int(snap["suffix_evicted"]))

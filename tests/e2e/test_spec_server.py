@@ -235,12 +235,14 @@ def test_speculative_false_drafts_nothing(spec_server: Server, spec_client: open
     assert r.choices[0].message.content == text
     assert r.usage.completion_tokens == n_tokens
     assert details(r.usage) == (0, 0)
-    # every decode step counted as opted out, nothing else moved
+    # every decode step counted as opted out, nothing else moved but the suffix index,
+    # which now holds the reply (for later requests)
     assert {k: v for k, v in d.items() if v} == {
-        'tandem_spec_no_draft_total{reason="opted_out"}': n_tokens - 1}
+        'tandem_spec_no_draft_total{reason="opted_out"}': n_tokens - 1,
+        "tandem_spec_suffix_index_tokens": n_tokens}
     # every family still exposed (3 totals, 2 forced-draft totals, by position, chosen k,
-    # no-draft reasons)
-    assert len(d) == 3 + 2 + DRAFT_CAP + (DRAFT_CAP + 1) + len(REASONS)
+    # no-draft reasons, the suffix index's 3)
+    assert len(d) == 3 + 2 + DRAFT_CAP + (DRAFT_CAP + 1) + len(REASONS) + 3
 
 
 def test_n2_and_legacy_completions_sum_over_choices(spec_server: Server,
@@ -253,8 +255,10 @@ def test_n2_and_legacy_completions_sum_over_choices(spec_server: Server,
     assert [c.message.content for c in r.choices] == [text, text]
     accepted, rejected = details(r.usage)
     assert rejected == 0 and accepted > 0
-    assert d["tandem_spec_accepted_tokens_total"] == accepted
-    assert d["tandem_spec_draft_tokens_total"] == accepted + rejected
+    # prediction drafts are among all drafts: where the prediction is used up, the suffix
+    # index (which holds this reply from earlier tests) may draft the rest
+    assert d["tandem_spec_accepted_tokens_total"] >= accepted
+    assert d["tandem_spec_draft_tokens_total"] >= accepted + rejected
     # legacy completions: the predicted continuation of a raw prompt
     kw = dict(model=spec_server.model, prompt="Name three colors:", temperature=0,
               max_tokens=24)
@@ -272,7 +276,8 @@ def test_metrics_families_and_labels(spec_server: Server) -> None:
     assert {k for k in samples if "{" not in k} == {
         "tandem_spec_drafts_total", "tandem_spec_draft_tokens_total",
         "tandem_spec_accepted_tokens_total", "tandem_spec_forced_draft_tokens_total",
-        "tandem_spec_forced_accepted_tokens_total"}
+        "tandem_spec_forced_accepted_tokens_total", "tandem_spec_suffix_index_tokens",
+        "tandem_spec_suffix_index_max_tokens", "tandem_spec_suffix_index_evicted_outputs_total"}
     assert {k for k in samples if "by_position" in k} == {
         f'tandem_spec_accepted_tokens_by_position_total{{position="{j}"}}'
         for j in range(1, DRAFT_CAP + 1)}

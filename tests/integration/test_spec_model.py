@@ -137,3 +137,42 @@ def test_windowed_repetition_penalty_same_tokens_with_drafts(runner):
     assert stats["accepted_tokens"] > 0
     (plain_whole,), _, _ = generate(runner, [prompt], [whole], None)
     assert plain_whole != plain
+
+
+def one_after_another(runner, prompts, params, suffix_tokens: int | None):
+    """Token ids per prompt, each request run to its end before the next is added, through
+    one engine (so later ones can draft from the suffix index of earlier outputs); the
+    speculator's stats. suffix_tokens None: no speculator."""
+    context = min(1024, runner.max_seq_tokens)
+    config = EngineConfig(context_length=context, scheduler=SchedulerConfig(
+        max_num_seqs=4, max_num_batched_tokens=512))
+    speculator = None
+    if suffix_tokens is not None:
+        speculator = Speculator(SpecConfig(mode="auto", suffix_tokens=suffix_tokens), FLAT,
+                                context)
+    engine = LLMEngine(runner, config, speculator=speculator)
+    outs = []
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(str(i), prompt, p)
+        tokens: list[int] = []
+        while engine.has_work():
+            for o in engine.step():
+                tokens.extend(o.token_ids)
+        outs.append(tokens)
+    return outs, speculator.stats.snapshot() if speculator else None
+
+
+def test_suffix_drafts_from_an_earlier_reply_change_nothing(runner):
+    """A request whose reply an earlier request wrote (an agent re-asking, a user repeating
+    a question) drafts it from the suffix index, and its tokens stay those of no drafts."""
+    ask = [{"role": "user", "content": "Write a haiku about the sea."}]
+    prompts = [chat_prompt_ids(runner.tokenizer, [{"role": "system", "content": s}, *ask])
+               for s in ("You are a poet.", "You are a helpful poet.")]
+    params = [SamplingParams(temperature=0, max_tokens=40)] * 2
+    plain, _ = one_after_another(runner, prompts, params, None)
+    with_suffix, stats = one_after_another(runner, prompts, params, 1 << 15)
+    without_suffix, stats_off = one_after_another(runner, prompts, params, 0)
+    assert with_suffix == without_suffix == plain
+    assert plain[0][:10] == plain[1][:10]  # the second reply repeats the first, at least so far
+    assert stats["suffix_outputs"] == 2
+    assert stats["accepted_tokens"] - stats_off["accepted_tokens"] >= 8

@@ -2,7 +2,7 @@
 
 Proposers here are deterministic (a draft is a fixed token, not a sample), so verification
 is exact by equality: the target samples its own token at each drafted position and keeps a
-draft only if it equals that token (see `app.engine.engine`). Both cost no model call.
+draft only if it equals that token (see `app.engine.engine`). None costs a model call.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Protocol
 
 from app.engine.request import Request
 from app.engine.spec_decode.ngram import NgramIndex
+from app.engine.spec_decode.suffix import SuffixIndex
 
 
 class Proposer(Protocol):
@@ -131,3 +132,31 @@ class PredictionProposer:
 
     def kind(self, request: Request) -> str:
         return "prediction"
+
+
+class SuffixProposer:
+    """Drafts from a `SuffixIndex` of earlier requests' outputs (global, one per engine):
+    text the model wrote before for another request. `spec_state["suffix_conf"]` keeps
+    the confidence of each draft token (the speculator caps its acceptance estimate with
+    it), `spec_state["suffix_match"]` the tail length matched."""
+
+    name = "suffix"
+
+    def __init__(self, index: SuffixIndex):
+        self.index = index
+
+    def propose(self, request: Request, k: int) -> list[int]:
+        draft = self.index.propose(request.token_ids, k)
+        state = request.spec_state
+        if draft is None:
+            state["suffix_match"], state["suffix_conf"] = 0, []
+            return []
+        state["suffix_match"], state["suffix_conf"] = draft.match, draft.confidences
+        return draft.tokens
+
+    def kind(self, request: Request) -> str:
+        return f"suffix:{request.spec_state.get('suffix_match', 0)}"
+
+    def finished(self, request: Request) -> None:
+        """Store a finished request's output for later requests."""
+        self.index.add(request.output_ids)

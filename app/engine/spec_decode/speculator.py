@@ -2,8 +2,10 @@
 controller size them; after verification, learns from what was accepted.
 
 Modes (`SpecConfig.mode`): "auto" and "ngram" (prediction drafts where a request brings a
-prediction, n-gram prompt lookup otherwise; the controller sizes every draft), "fixed:K"
-(K tokens whenever a proposer has them: the baseline the benchmark sweeps).
+prediction, otherwise the longer match of n-gram prompt lookup and the suffix index of
+earlier requests' outputs; the controller sizes every draft), "fixed:K"
+(K tokens whenever a proposer has them: the baseline the benchmark sweeps). A suffix draft's
+acceptance estimate is capped, per position, by the index's confidence in that token.
 
 A constrained request's drafts start with the tokens its grammar forces (`forced`), in
 every mode unless `SpecConfig.forced_drafts` is off; the other proposers' drafts continue
@@ -34,8 +36,14 @@ from app.engine.spec_decode.controller import (
 )
 from app.engine.spec_decode.draft_model import PENDING, DraftModelProposer
 from app.engine.spec_decode.forced import FORCED, ForcedProposer
-from app.engine.spec_decode.proposer import NgramProposer, PredictionProposer, Proposer
+from app.engine.spec_decode.proposer import (
+    NgramProposer,
+    PredictionProposer,
+    Proposer,
+    SuffixProposer,
+)
 from app.engine.spec_decode.step_times import OnlineStepTimes
+from app.engine.spec_decode.suffix import SuffixIndex
 
 log = logging.getLogger("tandem.spec")
 
@@ -53,7 +61,8 @@ NO_DRAFT_REASONS = {
     "step_cost": "a longer step costs more than drafts accepted at 95% would return "
                  "(the step-time curve is steep for this batch)",
     "no_gain": "drafts were there, but at their estimated acceptance they would not pay",
-    "no_proposal": "no draft source had tokens (no n-gram match, no prediction)",
+    "no_proposal": "no draft source had tokens (no n-gram match in the request or in "
+                   "earlier outputs, no prediction)",
     "prediction_exhausted": "the request's prediction is used up",
     "prediction_lost": "the reply left the request's prediction and no n-gram of it "
                        "finds its place again",
@@ -79,6 +88,9 @@ class SpecStats:
         self.chosen_k = [0] * (max_k + 1)
         # no_draft[i]: decode steps of a sequence that verified no draft, for REASONS[i]
         self.no_draft = [0] * len(REASONS)
+        # the suffix index's size: suffix_tokens, suffix_max_tokens, suffix_outputs,
+        # suffix_evicted (replaced whole after each change, so a reader sees one state)
+        self.suffix_index: dict[str, int] = {}
 
     def snapshot(self) -> dict[str, object]:
         return {
@@ -90,6 +102,7 @@ class SpecStats:
             "forced_accepted_tokens": self.forced_accepted_tokens,
             "chosen_k": {k: n for k, n in enumerate(list(self.chosen_k)) if n},
             "no_draft": dict(zip(REASONS, list(self.no_draft), strict=True)),
+            **self.suffix_index,
         }
 
 
@@ -130,8 +143,12 @@ class Speculator:
         self.context_length = context_length
         self.equal_split = equal_split
         self.max_k = config.num_draft_tokens
+        self.suffix = (SuffixProposer(SuffixIndex(config.suffix_tokens))
+                       if config.suffix_tokens and config.mode != "draft" else None)
         self.proposers: list[Proposer] = (
             [] if config.mode == "draft" else [PredictionProposer(), NgramProposer()])
+        if self.suffix is not None:
+            self.proposers.append(self.suffix)
         self.forced = ForcedProposer() if config.forced_drafts else None
         self.ngram = next((p for p in self.proposers if isinstance(p, NgramProposer)), None)
         self.draft = draft
@@ -141,6 +158,7 @@ class Speculator:
         # mostly the reply) and learns from every verification.
         self.global_estimates: dict[str, AcceptanceEstimate] = {}
         self.stats = SpecStats(self.max_k)
+        self._suffix_size()
         # (step tokens, decoding) -> the shape bound; (that, ceilings) -> the acceptance bound
         self._can_pay: dict[tuple, bool] = {}
         # highest acceptance a new kind of draft starts from, without / with a prediction;
@@ -207,12 +225,10 @@ class Speculator:
                 candidates.append((r, kind, forced[r] + tail, len(forced[r])))
                 owners.append(len(counts) - 1)
                 continue
-            for proposer in self.proposers:
-                drafts = proposer.propose(r, cap)
-                if drafts:
-                    candidates.append((r, proposer.kind(r), drafts, 0))
-                    owners.append(len(counts) - 1)
-                    break
+            proposal = self._propose(r, cap)
+            if proposal is not None:
+                candidates.append((r, *proposal, 0))
+                owners.append(len(counts) - 1)
             else:
                 if self.draft is not None:  # its tokens are computed once k is known
                     candidates.append((r, "draft", [PENDING] * cap, 0))
@@ -255,6 +271,25 @@ class Speculator:
                     self._estimate(r, name).forget(0.95)
                     self._global(name).forget(0.999)
         self._count(reasons, drafted=any(ks))
+
+    def _propose(self, r: Request, cap: int) -> tuple[str, list[int]] | None:
+        """(kind, drafts) for `r`: the prediction's where it has some; else the longer match
+        of n-gram lookup in the request and the suffix index of earlier outputs (a tie goes
+        to the request's own text); None when no proposer has any."""
+        best: tuple[int, str, list[int]] | None = None
+        for proposer in self.proposers:
+            drafts = proposer.propose(r, cap)
+            if not drafts:
+                continue
+            if proposer is self.ngram:
+                match = r.spec_state["ngram_match"]
+            elif proposer is self.suffix:
+                match = r.spec_state["suffix_match"]
+            else:
+                return proposer.kind(r), drafts
+            if best is None or match > best[0]:
+                best = (match, proposer.kind(r), drafts)
+        return None if best is None else best[1:]
 
     def no_draft(self, r: Request, reason: str) -> None:
         """Count one more step of `r` without drafts under `reason` (one of REASONS): for
@@ -312,11 +347,28 @@ class Speculator:
                 return self.ngram.kind(r), tail
         return FORCED, []
 
+    def finished(self, r: Request) -> None:
+        """A request ended: its output goes into the suffix index (if any)."""
+        if self.suffix is not None and r.num_output_tokens:
+            self.suffix.finished(r)
+            self._suffix_size()
+
+    def _suffix_size(self) -> None:
+        index = self.suffix.index if self.suffix is not None else None
+        self.stats.suffix_index = {} if index is None else {
+            "suffix_tokens": index.tokens, "suffix_max_tokens": index.max_tokens,
+            "suffix_outputs": index.sequences, "suffix_evicted": index.evicted}
+
     def _rates(self, r: Request, kind: str, n_forced: int, n: int) -> list[float]:
         """Conditional acceptance by draft position for `n` drafts of which the first
-        `n_forced` are forced and the rest of `kind`."""
+        `n_forced` are forced and the rest of `kind` (a suffix draft's capped by the
+        index's confidence in each token)."""
         if not n_forced:
-            return self._estimate(r, kind).rates()
+            rates = self._estimate(r, kind).rates()
+            if kind.startswith("suffix:"):
+                conf = r.spec_state.get("suffix_conf", [])
+                rates[:len(conf)] = [min(e, c) for e, c in zip(rates, conf, strict=False)]
+            return rates
         rates = self._estimate(r, FORCED).rates()[:n_forced]
         if kind != FORCED:
             rates += self._estimate(r, kind).rates()[:n - n_forced]
