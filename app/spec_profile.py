@@ -6,7 +6,8 @@ The cache is a JSON file per key under `<model store>/profiles/`: the measured p
 {batch bucket: {n: [seconds, observations]}}, see `app.engine.spec_decode.step_times`).
 A cached profile is measured again when it cannot be trusted (`curve_problem`: a core point
 missing, t(2)/t(1) too high, a step of fewer tokens dearer than one of more) or is stale
-(the engine observed t(1) more than STALE_RATIO away from the measured one). Delete the file
+(the engine observed t(1) more than STALE_RATIO away from the measured one, or the curve
+with the engine's observations fails the same checks as a measurement). Delete the file
 (or pass `remeasure=True`) after changing hardware settings the key does not capture.
 """
 
@@ -111,16 +112,19 @@ def _read(path: Path) -> tuple[dict[int, float], Online]:
 
 
 def stale(points: dict[int, float], online: Online) -> str | None:
-    """Why the engine's observations say the measured curve is off, or None: its t(1) (one
-    sequence, MIN_SAMPLES observations at least) more than STALE_RATIO from the measured."""
+    """Why the engine's observations say the cached curve is off, or None: its t(1) (one
+    sequence, MIN_SAMPLES observations at least) more than STALE_RATIO from the measured,
+    or the one-sequence curve with the observations that count fails `curve_problem` (a
+    t(2) observed at 7x t(1) while another process ran was once cached and trusted)."""
     seen = online.get(1, {}).get(1)
-    if seen is None or seen[1] < MIN_SAMPLES or 1 not in points:
-        return None
-    ratio = seen[0] / points[1]
-    if ratio > STALE_RATIO or ratio < 1 / STALE_RATIO:
-        return (f"the engine's steps took {seen[0] * 1e3:.1f} ms for t(1), measured "
-                f"{points[1] * 1e3:.1f} ms")
-    return None
+    if seen is not None and seen[1] >= MIN_SAMPLES and 1 in points:
+        ratio = seen[0] / points[1]
+        if ratio > STALE_RATIO or ratio < 1 / STALE_RATIO:
+            return (f"the engine's steps took {seen[0] * 1e3:.1f} ms for t(1), measured "
+                    f"{points[1] * 1e3:.1f} ms")
+    used = {n: t for n, (t, c) in online.get(1, {}).items() if c >= MIN_SAMPLES}
+    problem = curve_problem({**points, **used}, []) if used else None
+    return None if problem is None else f"with the engine's observations, {problem}"
 
 
 def load_profile(runner: Runner, model_path: Path, backend: str,

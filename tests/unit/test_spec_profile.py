@@ -135,6 +135,24 @@ def test_a_stale_cache_is_measured_again(monkeypatch, tmp_path):
     assert not p.cached and p.online == {}
 
 
+def test_a_cache_whose_observations_make_a_contended_curve_is_measured_again(monkeypatch,
+                                                                             tmp_path):
+    runner = _ClockRunner()
+    model, path = _setup(monkeypatch, tmp_path, runner)
+    spec_profile.load_profile(runner, model, "fake")
+    body = json.loads(path.read_text())
+    # as found in a user's store: t(1) as measured, t(2) observed at 7.3 x that
+    body["online"] = {"1": {"1": [0.0150, 4114], "2": [0.1095, 73]}}
+    path.write_text(json.dumps(body))
+    assert spec_profile.stale({1: 0.015, 2: 0.025}, {1: {1: (0.015, 4114), 2: (0.1095, 73)}}) \
+        == ("with the engine's observations, t(2)/t(1) = 7.3 > 4: measured while the machine "
+            "was busy")
+    assert spec_profile.stale({1: 0.015, 2: 0.025}, {1: {2: (0.1095, 3)}}) is None  # too few
+    assert spec_profile.stale({1: 0.015, 2: 0.025}, {1: {2: (0.030, 9)}}) is None
+    p = spec_profile.load_profile(runner, model, "fake")
+    assert not p.cached and p.online == {}
+
+
 def test_a_contended_measurement_is_used_but_never_cached(monkeypatch, tmp_path):
     runner = _ClockRunner(cost=lambda n: 10 if n == 1 else 50 * n)  # t(2)/t(1) = 10
     model, path = _setup(monkeypatch, tmp_path, runner)

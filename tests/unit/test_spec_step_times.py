@@ -34,6 +34,16 @@ def test_ewma_of_clipped_observations_replaces_the_point_after_min_samples():
     assert online.snapshot()[1][2] == (pytest.approx(0.0179296875 + (0.0185 - 0.0179296875) / 8), 5)
 
 
+def test_the_first_observation_is_clipped_against_the_profile():
+    """A first step slowed 7x by another process (a cached t(2)/t(1) of 7.3 once came from
+    one) starts the estimate at 2 x the profile's t(2), not at 7x."""
+    online = OnlineStepTimes(BASE)
+    online.observe(2, 1, 0.140)
+    assert online.snapshot() == {1: {2: (pytest.approx(0.040), 1)}}
+    online.observe(3, 1, 0.001)  # and a first one too fast: half the profile's t(3)
+    assert online.snapshot()[1][3] == (pytest.approx(0.015), 1)
+
+
 def test_each_batch_bucket_has_its_own_curve():
     online = OnlineStepTimes(BASE)
     for _ in range(4):

@@ -6,8 +6,9 @@ machine is doing. Every decode or verification step the engine runs (each of its
 logits) is one observation of t(n) for its bucket of sequences (1, 2, 3-4, 5-8, ...). Each
 (bucket, n) keeps an exponentially weighted moving average (EWMA) of what was observed: a
 step's weight decays by 1 - ALPHA per later observation of the same point, and an
-observation is first clipped to [1/CLIP, CLIP] x the current estimate, so one step slowed
-by a burst of other work moves it by at most ALPHA x (CLIP - 1). An estimate with
+observation is first clipped to [1/CLIP, CLIP] x the current estimate (the first one: x the
+profile's value at n), so one step slowed by a burst of other work moves it by at most
+ALPHA x (CLIP - 1). An estimate with
 MIN_SAMPLES observations replaces the profile's value at its n in that bucket's curve;
 the other points stay the profile's.
 
@@ -66,8 +67,10 @@ class OnlineStepTimes:
         bucket = batch_bucket(num_seqs)
         points = self.estimates.setdefault(bucket, {})
         est = points.get(num_tokens)
-        if est is None:
-            points[num_tokens] = est = [seconds, 1]
+        if est is None:  # the first is clipped against the profile, so one slow step
+            # beside another process cannot set the estimate that later ones move from
+            ref = self.base_curve(num_tokens)
+            points[num_tokens] = est = [min(max(seconds, ref / CLIP), ref * CLIP), 1]
         else:
             x = min(max(seconds, est[0] / CLIP), est[0] * CLIP)
             est[0] += ALPHA * (x - est[0])
