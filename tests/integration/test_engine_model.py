@@ -107,12 +107,15 @@ async def test_repeated_system_prompt_served_from_prefix_cache(engine):
 async def test_cancel_returns_blocks(engine):
     before = engine.stats().kv_blocks_used
     stream = engine.submit(raw_prompt_ids(engine.tokenizer, PROMPTS[2]), greedy(2000))
-    got = 0
+    got, cancelled = 0, False
     async for out in stream:
         got += len(out.token_ids)
-        if got == 3 and not out.finished:
+        # an output may carry several tokens (accepted drafts: this prompt's continuation
+        # is in the suffix index after the earlier tests)
+        if got >= 3 and not out.finished and not cancelled:
             assert engine.stats().kv_blocks_used > before
             stream.cancel()
+            cancelled = True
     assert out.finished and out.finish_reason == "abort"
     await asyncio.sleep(0.05)
     assert engine.stats().kv_blocks_used == before
