@@ -10,7 +10,14 @@ import pytest
 
 from app.engine.constrain import GrammarCompiler, GrammarError, ResponseFormat
 from app.engine.constrain import grammar as grammar_module
-from app.engine.constrain.mask import MaskRequest, allowed, apply_masks, fill_masks, words
+from app.engine.constrain.mask import (
+    MaskRequest,
+    allowed,
+    apply_masks,
+    apply_unpacked,
+    fill_masks,
+    words,
+)
 from app.engine.constrain.vocab import grammar_tokenizer, vocabulary_bytes
 from tests.fakes.tokenizer import FakeTokenizer
 
@@ -165,6 +172,35 @@ def test_a_row_that_allows_nothing_falls_back_to_eos():
     bitmask = np.zeros((1, words(300)), dtype=np.int32)
     out = apply_masks(np.zeros((1, 300), np.float32), bitmask, [0], [EOS])
     assert np.flatnonzero(np.isfinite(out[0])).tolist() == [EOS]
+
+
+@pytest.mark.parametrize("width", [4000, 3990, 4030])  # the mask's width, narrower, wider
+def test_apply_masks_equals_unpacking_every_row_at_every_density(width):
+    """Rows that allow a few words' tokens and rows with more (the two paths of
+    `apply_masks`), all-zero rows (the EOS fallback) and all-one rows give exactly what
+    unpacking every row gives."""
+    rng = np.random.default_rng(7)
+    n_words = words(4000)
+    masks = []
+    for density in (0.0, 0.02, 0.1, 0.5, 0.9, 0.98, 1.0):
+        for _ in range(3):
+            row = np.zeros(n_words, dtype=np.int32)
+            chosen = rng.random(n_words) < density  # words with some bits set
+            row[chosen] = rng.integers(-2**31, 2**31, size=int(chosen.sum()), dtype=np.int64)
+            full = rng.random(n_words) < density  # and words with all bits set
+            row[full] = -1
+            masks.append(row)
+    bitmask = np.stack(masks)
+    logits = rng.standard_normal((len(masks) + 1, width)).astype(np.float32)
+    rows = list(range(1, len(masks) + 1))
+    shifted = np.vstack([np.zeros((1, n_words), np.int32), bitmask])
+    expected = apply_unpacked(logits.copy(), shifted, rows, [EOS, 5])
+    got = apply_masks(logits.copy(), shifted, rows, [EOS, 5])
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(got[0], logits[0])  # an unconstrained row is untouched
+    assert np.flatnonzero(np.isfinite(got[1])).tolist() == [5, EOS]  # all-zero: fallback
+    kinds = [np.isfinite(got[r]).mean() for r in rows]
+    assert min(kinds) < 0.05 and max(kinds) > 0.95  # both paths were taken
 
 
 def test_whitespace_is_bounded_to_the_json_dumps_separators(compiler):

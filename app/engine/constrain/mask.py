@@ -8,6 +8,7 @@ the vocabulary.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -72,13 +73,11 @@ def allowed(bitmask: np.ndarray, width: int) -> np.ndarray:
     return bits[:, :width].view(np.bool_)
 
 
-def apply_masks(logits: np.ndarray, bitmask: np.ndarray, rows: Iterable[int],
-                fallback_ids: Iterable[int]) -> np.ndarray:
-    """Set every logit `bitmask` forbids in `rows` of `logits` ``[B, V]`` to -inf, in
-    place, and return `logits`; other rows are not touched or copied. A read-only array (a
-    backend's buffer) is copied first and the copy returned. A row whose mask allows
-    nothing (a matcher in error) allows `fallback_ids` (the end-of-sequence ids) instead,
-    so the sequence ends rather than the sampler failing."""
+def apply_unpacked(logits: np.ndarray, bitmask: np.ndarray, rows: Iterable[int],
+                   fallback_ids: Iterable[int]) -> np.ndarray:
+    """`apply_masks` by its plain definition: every row unpacked whole, one masked copy per
+    row. The reference the tests hold `apply_masks` to and the baseline of
+    `app.bench.mask_time`."""
     rows = np.fromiter(rows, dtype=np.int64)
     if not logits.flags.writeable:
         logits = np.array(logits, dtype=np.float32, copy=True)
@@ -89,6 +88,74 @@ def apply_masks(logits: np.ndarray, bitmask: np.ndarray, rows: Iterable[int],
     if empty.any():
         ids = np.fromiter(fallback_ids, dtype=np.int64)
         forbidden[np.ix_(np.flatnonzero(empty), ids)] = False
-    for j, row in enumerate(rows.tolist()):  # a view per row: nothing else is copied
+    for j, row in enumerate(rows.tolist()):
         np.copyto(logits[row], -np.inf, where=forbidden[j])
     return logits
+
+
+# A row with at most this share of non-zero words (few tokens allowed: JSON structure) is
+# applied through the ids it allows; any other row (string content) through `_BYTE_BIAS`.
+SPARSE_WORDS = 1 / 8
+_BIT = np.arange(32, dtype=np.int64)
+# the additive bias of one mask byte: 0.0 where its bit allows the token, -inf where not
+_BYTE_BIAS = np.where(
+    np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little")
+    .astype(bool), 0.0, -np.inf).astype(np.float32)
+_scratch = threading.local()  # per step thread: a model pool runs several
+
+
+def _bias_buffer(n_words: int) -> np.ndarray:
+    """A float32 ``[n_words * 4, 8]`` buffer kept per thread (a fresh 600 KB array per row
+    would be mapped and faulted in every time)."""
+    buf = getattr(_scratch, "bias", None)
+    if buf is None or buf.shape[0] != n_words * 4:
+        buf = _scratch.bias = np.empty((n_words * 4, 8), dtype=np.float32)
+    return buf
+
+
+def _mask_row(x: np.ndarray, row: np.ndarray, fallback: np.ndarray) -> None:
+    """Set the logits of `x` ``[V]`` that mask `row` (int32 words) forbids to -inf, in
+    place (allowed ones get + 0.0); ids past the mask are forbidden; a mask allowing
+    nothing allows `fallback`."""
+    width, covered = x.shape[0], row.shape[0] * 32
+    if np.count_nonzero(row) <= row.shape[0] * SPARSE_WORDS:
+        # few tokens allowed: keep their values, forbid the rest
+        allow = np.flatnonzero(row)
+        bits = np.unpackbits(row[allow].view(np.uint8).reshape(-1, 4), axis=1,
+                             bitorder="little").view(np.bool_)
+        ids = (allow[:, None] * 32 + _BIT)[bits]
+        ids = ids[ids < width]
+        if not ids.size:
+            ids = fallback
+        kept = x[ids]
+        x.fill(-np.inf)
+        x[ids] = kept
+        return
+    bias = _bias_buffer(row.shape[0])
+    np.take(_BYTE_BIAS, row.view(np.uint8), axis=0, out=bias)
+    n = min(width, covered)
+    x[:n] += bias.reshape(-1)[:n]
+    if width > covered:
+        x[covered:] = -np.inf
+
+
+def apply_masks(logits: np.ndarray, bitmask: np.ndarray, rows: Iterable[int],
+                fallback_ids: Iterable[int]) -> np.ndarray:
+    """Set every logit `bitmask` forbids in `rows` of `logits` ``[B, V]`` to -inf, in
+    place, and return `logits`; other rows are not touched or copied. A read-only array (a
+    backend's buffer) is copied first and the copy returned. A row whose mask allows
+    nothing (a matcher in error) allows `fallback_ids` (the end-of-sequence ids) instead,
+    so the sequence ends rather than the sampler failing.
+
+    Cost per row: a count of its ``V / 32`` non-zero words; then, for a row allowing few
+    words' tokens, one fill and the allowed ids' values put back, else one table lookup
+    per mask byte and one add (no per-row allocation). Both equal `apply_unpacked`
+    (tests/unit/test_constrain.py)."""
+    rows = list(rows)
+    if not logits.flags.writeable:
+        logits = np.array(logits, dtype=np.float32, copy=True)
+    fallback = np.fromiter(fallback_ids, dtype=np.int64)
+    for row in rows:
+        _mask_row(logits[row], bitmask[row], fallback)
+    return logits
+
