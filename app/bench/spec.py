@@ -7,9 +7,13 @@ Workloads:
 - free: free writing (few useful drafts);
 - agent-loop: a coding agent's tool loop, 10 turns per conversation, each turn's prompt the
   conversation so far (`app.bench.agent_loop`); one conversation per user, turns in order,
-  with prefix caching as a server has it.
+  with prefix caching as a server has it;
+- chat: a multi-turn chat, 6 turns, each asking to change the function the previous reply
+  wrote (`app.bench.agent_loop.CHAT`), run like agent-loop.
 Each (workload, concurrency) cell runs every mode back to back on one runner through the
-synchronous engine, greedy, in the split KV layout, so every mode produces the same tokens.
+synchronous engine, greedy, in the split KV layout. `same_tokens` says whether a mode gave
+off's tokens: by default a verify step's logits can differ from one-token steps' (README,
+"Grouping invariance"), so a near tie may flip; with `--exact` every mode must agree.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from app.bench.agent_loop import AgentLoop
+from app.bench.agent_loop import SCRIPTS, Conversations
 from app.bench.charts import ChartContext, bar_panel, figure, save, suptitle
 from app.bench.stats import ratio
 from app.engine.config import EngineConfig, SchedulerConfig, SpecConfig
@@ -58,17 +62,17 @@ CODE = [
 RENAMES = [("subtotal", "net"), ("count", "value")]
 TOPICS = ["a lighthouse keeper", "a robot learning to paint", "a city under the sea",
           "the last day of summer", "a dragon who collects clocks", "a train that never stops"]
-WORKLOADS = ("code-edit", "prediction", "free", "agent-loop")
+WORKLOADS = ("code-edit", "prediction", "free", "agent-loop", "chat")
 FollowUp = Callable[[int, list[list[int]]], "tuple[list[int], SamplingParams] | None"]
 
 
 def requests_for(workload: str, runner: Runner, n: int, max_tokens: int
                  ) -> list[tuple[list[int], SamplingParams]]:
-    """`n` (prompt ids, params) of `workload`; greedy. For agent-loop, each conversation's
-    first turn (`AgentLoop.follow` gives the next ones)."""
-    if workload == "agent-loop":
-        loop = AgentLoop(runner.tokenizer, max_tokens)
-        return [loop.first(i) for i in range(n)]
+    """`n` (prompt ids, params) of `workload`; greedy. For agent-loop and chat, each
+    conversation's first turn (`Conversations.follow` gives the next ones)."""
+    if workload in SCRIPTS:
+        talk = Conversations(runner.tokenizer, max_tokens, SCRIPTS[workload])
+        return [talk.first(i) for i in range(n)]
     out = []
     for i in range(n):
         if workload == "free":
@@ -159,8 +163,8 @@ def run_spec_bench(runner: Runner, curve: StepTimeCurve, workloads, levels, mode
     for workload in workloads:
         for c in levels:
             reqs = requests_for(workload, runner, c, max_tokens)
-            follow = (AgentLoop(runner.tokenizer, max_tokens).follow
-                      if workload == "agent-loop" else None)
+            follow = (Conversations(runner.tokenizer, max_tokens, SCRIPTS[workload]).follow
+                      if workload in SCRIPTS else None)
             cells = {m: run_cell(runner, reqs, m, curve, context, draft=draft, follow=follow,
                                  suffix_tokens=suffix_tokens)
                      for m in ("off", *modes)}

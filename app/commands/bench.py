@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: off)")
     p.add_argument("--workload", default=None,
                    help="speculative-decoding benchmark: comma-separated workloads "
-                        "(code-edit, prediction, free, agent-loop); --spec is then a "
+                        "(code-edit, prediction, free, agent-loop, chat); --spec is then a "
                         "comma-separated list of modes, each compared with off in the same run "
                         "(app/bench/spec.py). With json-schema: the structured-output "
                         "benchmark (json-schema,free: constrained vs unconstrained, forced "
@@ -328,7 +328,7 @@ def _spec(args: argparse.Namespace, levels: list[int]) -> int:
     modes = [m for m in args.spec.split(",") if m and m != "off"]
     formats = [f for f in (args.formats or "").split(",") if f]
     if formats and structured:
-        return fail("--formats is for the speculative workloads (code-edit, prediction, free, agent-loop)")
+        return fail(f"--formats is for the speculative workloads ({', '.join(WORKLOADS)})")
     if structured and len(modes) > 1:
         return fail("the structured-output benchmark takes one --spec mode")
     if formats and args.png:

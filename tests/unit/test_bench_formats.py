@@ -27,7 +27,7 @@ def test_each_cell_is_compared_with_the_fastest_plain_format_of_that_cell() -> N
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--workload", "json-schema", "--formats", "q8_0"],
-     "tandem: error: --formats is for the speculative workloads (code-edit, prediction, free, agent-loop)\n"),
+     "tandem: error: --formats is for the speculative workloads (code-edit, prediction, free, agent-loop, chat)\n"),
     (["--workload", "prediction", "--formats", "q8_0", "--png", "x.png"],
      "tandem: error: --png draws one format's cells; leave it out with --formats\n"),
 ])
