@@ -71,13 +71,31 @@ def test_two_box_refusals_as_a_user_sees_them():
         "not supported by prefill-worker\n"))
 
 
-def test_mlx_refuses_a_quantized_cache(monkeypatch):
+def test_mlx_refuses_a_q4_0_cache(monkeypatch):
     from backends import loader
     from backends.loader import load_runner
 
     monkeypatch.setattr(loader, "_choose", lambda requested: "mlx")  # mlx installed or not
 
     with pytest.raises(ValueError) as err:
-        load_runner("model-dir", backend="mlx", config=RunnerConfig(kv_cache_type="q8_0"))
-    assert str(err.value) == ("--kv-cache-type q8_0 is for the llamacpp backend; the MLX "
-                              "backend's KV cache is f16 only for now")
+        load_runner("model-dir", backend="mlx", config=RunnerConfig(kv_cache_type="q4_0"))
+    assert str(err.value) == ("--kv-cache-type q4_0 is for the llamacpp backend; the MLX "
+                              "backend's KV cache is f16 or q8_0 (MLX 8-bit affine)")
+
+
+MLX_Q8_REFUSAL = ("two-box mode sends f16 or llama.cpp's q8_0 KV; --kv-cache-type q8_0 on the "
+                  "MLX backend (MLX 8-bit affine) is not supported")
+
+
+def test_two_box_refuses_mlx_q8_0_at_start_up():
+    """MLX's q8_0 is its 8-bit affine layout, not the wire's llama.cpp blocks."""
+    peer = PeerConfig("127.0.0.1", 7070, b"")
+    with pytest.raises(ValueError) as err:
+        EngineArgs(backend="mlx", runner=RunnerConfig(kv_cache_type="q8_0"), prefill_peer=peer)
+    assert str(err.value) == f"{MLX_Q8_REFUSAL} with --prefill-peer"
+    EngineArgs(backend="mlx", runner=RunnerConfig(kv_cache_type="f16"), prefill_peer=peer)
+    EngineArgs(backend="llamacpp", runner=RunnerConfig(kv_cache_type="q8_0"), prefill_peer=peer)
+    r = tandem("prefill-worker", "--backend", "mlx", "--kv-cache-type", "q8_0")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, "", f"tandem prefill-worker: {MLX_Q8_REFUSAL} by prefill-worker\n")
+
