@@ -1,5 +1,6 @@
 """`--kv-cache-type`: the flag on every model-loading command, into `RunnerConfig`, and the
-one-line refusals (flash attention off, two-box mode, the MLX backend). No model needed."""
+one-line refusals (flash attention off, two-box mode, the MLX backend) and the MLX pool's
+start-up line. No model needed."""
 
 from __future__ import annotations
 
@@ -99,3 +100,11 @@ def test_two_box_refuses_mlx_q8_0_at_start_up():
     assert (r.returncode, r.stdout, r.stderr) == (
         2, "", f"tandem prefill-worker: {MLX_Q8_REFUSAL} by prefill-worker\n")
 
+
+def test_serve_start_up_line_of_an_mlx_pool():
+    from app.commands.serve import kv_line
+
+    d = {"kv_bytes": 3 * 2**28, "kv_budget_bytes": None, "kv_cache_type": "q8_0",
+         "kv_tokens": 16384, "max_seqs": 32}
+    assert kv_line(d) == "tandem: paged KV (q8_0): 16384 tokens shared by 32 sequences, 0.75 GiB"
+    assert kv_line({**d, "kv_bytes": None}) is None
