@@ -97,6 +97,24 @@ def test_forked_prefix_gives_the_recomputed_tokens(mlx_runner, mlx_q8_runner):
     assert delta < 0.05
 
 
+def test_group_size_divides_the_head_dim():
+    import mlx.core as mx
+
+    from backends.mlx.paged_cache import QuantizedPagedLayerCache, kv_group_size
+
+    assert (kv_group_size(64), kv_group_size(128, 128), kv_group_size(96)) == (64, 64, 32)
+    with pytest.raises(ValueError, match="^--kv-cache-type q8_0 on MLX needs head dims "
+                                         "divisible by 32, not 80$"):
+        kv_group_size(80)
+    cache = QuantizedPagedLayerCache(5, 2, 96, mx.float32)  # groups of 32
+    x = mx.array(np.random.default_rng(0).normal(size=(2, 2, 96)).astype(np.float32))
+    rows = mx.array([1, 3])
+    cache.write(rows, x, -x)
+    k, v = cache.read(rows)
+    step = float((x.max(axis=-1) - x.min(axis=-1)).max()) / 255  # one 8-bit step
+    assert float(mx.abs(k - x).max()) < step and float(mx.abs(v + x).max()) < step
+
+
 def test_kv_transfer_is_refused(mlx_q8_runner):
     r = mlx_q8_runner
     assert not r.capabilities.kv_transfer
