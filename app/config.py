@@ -24,6 +24,20 @@ def two_box_kv_refusal(kv_cache_type: str, where: str) -> str:
             f"supported {where}")
 
 
+def check_two_box_kv(kv_cache_type: str, backend: str | None, where: str) -> None:
+    """Raises ValueError (one line) when two-box mode cannot carry this KV cache: q4_0 on
+    any backend, q8_0 on MLX (MLX 8-bit affine, not the wire's llama.cpp blocks). `backend`
+    None (not chosen yet) checks the type only; `where` as `two_box_kv_refusal`."""
+    if kv_cache_type not in KV_TRANSFER_DTYPES:
+        raise ValueError(two_box_kv_refusal(kv_cache_type, where))
+    if backend == "mlx":
+        from backends.mlx.runner import kv_transfer_refusal
+
+        reason = kv_transfer_refusal(kv_cache_type)
+        if reason is not None:
+            raise ValueError(f"{reason} {where}")
+
+
 @dataclass(slots=True)
 class EngineArgs:
     """Args:
@@ -37,7 +51,8 @@ class EngineArgs:
     draft_model: a draft model for speculative decoding (registry name or path), with the
         target's vocabulary; None: no draft model.
     prefill_peer: a `tandem prefill-worker` that prefills long prompts (two-box mode);
-        None: every prompt is prefilled here. Only with an f16 KV cache (the wire's type).
+        None: every prompt is prefilled here. Only with a KV cache the wire carries
+        (`check_two_box_kv`).
     Raises ValueError (in `__post_init__`) for values out of range.
     """
 
@@ -62,8 +77,8 @@ class EngineArgs:
         if self.prefill_peer is not None and self.draft_model:
             raise ValueError("--prefill-peer cannot be combined with --draft-model (the draft "
                              "model's KV would be missing for imported positions)")
-        if self.prefill_peer is not None and self.runner.kv_cache_type not in KV_TRANSFER_DTYPES:
-            raise ValueError(two_box_kv_refusal(self.runner.kv_cache_type, "with --prefill-peer"))
+        if self.prefill_peer is not None:
+            check_two_box_kv(self.runner.kv_cache_type, self.backend, "with --prefill-peer")
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
@@ -80,8 +95,7 @@ class EngineArgs:
         )
 
 
-def check_worker_kv(args: EngineArgs) -> None:
-    """A `tandem prefill-worker`'s engine: raises ValueError (one line) for a KV cache type
-    the two-box wire cannot carry (q4_0)."""
-    if args.runner.kv_cache_type not in KV_TRANSFER_DTYPES:
-        raise ValueError(two_box_kv_refusal(args.runner.kv_cache_type, "by prefill-worker"))
+def check_worker_kv(args: EngineArgs, backend: str | None = None) -> None:
+    """A `tandem prefill-worker`'s engine on `backend` (default `args.backend`): raises
+    ValueError (one line) for a KV cache the two-box wire cannot carry (`check_two_box_kv`)."""
+    check_two_box_kv(args.runner.kv_cache_type, backend or args.backend, "by prefill-worker")

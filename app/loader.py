@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from app.config import EngineArgs, check_worker_kv
+from app.config import EngineArgs, check_two_box_kv, check_worker_kv
 from app.disagg.peer import PeerConfig
 from app.engine.async_engine import AsyncEngine
 from app.engine.engine import LLMEngine
@@ -43,6 +43,8 @@ def load_engine(args: EngineArgs, *, pull_missing: bool = True) -> AsyncEngine:
     opened: list[Runner] = [runner]
     client = None
     try:
+        if args.prefill_peer is not None:  # again, now that an automatic backend is chosen
+            check_two_box_kv(args.runner.kv_cache_type, backend_name, "with --prefill-peer")
         engine = _build(args, runner, Path(path), backend_name, opened, pull_missing)
         if args.prefill_peer is not None:
             client = _prefill_client(args.prefill_peer, Path(path), runner)
@@ -67,10 +69,14 @@ def load_prefill_engine(args: EngineArgs, *, pull_missing: bool = True
     cannot export KV."""
     check_worker_kv(args)
     path = Path(resolve_model(args.model, pull_missing=pull_missing))
-    runner, _ = load_runner(path, backend=args.backend, config=args.runner)
-    if not runner.capabilities.kv_transfer:
+    runner, backend_name = load_runner(path, backend=args.backend, config=args.runner)
+    try:
+        check_worker_kv(args, backend_name)  # again, now that an automatic backend is chosen
+        if not runner.capabilities.kv_transfer:
+            raise ValueError("this backend cannot export KV for a decode box")
+    except ValueError:
         runner.close()
-        raise ValueError("this backend cannot export KV for a decode box")
+        raise
     return LLMEngine(runner, args.engine_config()), path
 
 

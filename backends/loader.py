@@ -24,10 +24,10 @@ def load_runner(path: str | Path, *, backend: str | None = None,
                 config: RunnerConfig | None = None) -> tuple[Runner, str]:
     """Returns (runner, backend name) for the model file or MLX directory `path`.
 
-    `config.seq_tokens`, `kv_layout`, `flash_attn` and `kv_cache_type` are llama.cpp's (see
-    LlamaCppRunner); MLX has one paged f16 pool of `kv_tokens`. `block_size` None means the
-    runner's (llama.cpp 8, MLX 16). Raises FileNotFoundError / ValueError (bad model, or a
-    quantized KV cache on MLX), ImportError (mlx missing).
+    `config.seq_tokens`, `kv_layout` and `flash_attn` are llama.cpp's (see LlamaCppRunner);
+    MLX has one paged pool of `kv_tokens`, f16 or q8_0 (MLX 8-bit affine, see MLXRunner) as
+    `kv_cache_type` says. `block_size` None means the runner's (llama.cpp 8, MLX 16). Raises
+    FileNotFoundError / ValueError (bad model, or q4_0 KV on MLX), ImportError (mlx missing).
     """
     config = config or RunnerConfig()
     name = _choose(backend)
@@ -36,11 +36,10 @@ def load_runner(path: str | Path, *, backend: str | None = None,
             from backends.llamacpp.exact import NOT_ON_MLX
 
             raise ValueError(NOT_ON_MLX)
-        if config.kv_cache_type != "f16":
-            raise ValueError(f"--kv-cache-type {config.kv_cache_type} is for the llamacpp "
-                             "backend; the MLX backend's KV cache is f16 only for now")
+        from backends.mlx.runner import check_kv_cache_type, load_mlx_runner
+
+        check_kv_cache_type(config.kv_cache_type)  # before mlx is imported: mlx may be missing
         from backends.mlx.convert import converted_dir, is_current
-        from backends.mlx.runner import load_mlx_runner
 
         converted = converted_dir(path)  # `tandem models convert --to mlx` output, if current
         if str(path).endswith(".gguf") and is_current(converted, path):
@@ -48,7 +47,8 @@ def load_runner(path: str | Path, *, backend: str | None = None,
         kv_tokens = config.kv_tokens or shared_pool_tokens(config.seq_tokens)
         block_size = config.block_size or MLX_BLOCK_SIZE
         runner = load_mlx_runner(str(path), max_seqs=config.max_seqs,
-                                 num_blocks=kv_tokens // block_size, block_size=block_size)
+                                 num_blocks=kv_tokens // block_size, block_size=block_size,
+                                 kv_cache_type=config.kv_cache_type)
         return runner, name
     from backends.llamacpp.runner import BLOCK_SIZE, LlamaCppRunner
 

@@ -19,8 +19,13 @@ from a seeded generator, so every run and machine reads the same words; its firs
   the median of `--rounds` rounds whose order of types alternates, and the ratios to f16.
   Noisy on a busy machine: compare ratios from one run, on a quiet one.
 
+`--backend mlx` measures the MLX runner instead: its f16 pool against its q8_0 one (MLX's
+affine 8 bits, group 64), the same quality and speed figures, and the pool's bytes per token
+as allocated (no layout planning: the MLX pool is one shared pool of tokens). MLX on a CPU is
+slow: use a few hundred tokens (`--tokens 300 --decode-tokens 16`).
+
 Prints one JSON object. usage: python -m app.bench.kv_quant [--model NAME_OR_PATH]
-[--tokens 2000] [--threads N] [--rounds 2]
+[--tokens 2000] [--threads N] [--rounds 2] [--backend llamacpp|mlx]
 """
 
 from __future__ import annotations
@@ -135,23 +140,23 @@ def _runner(path: str, kv_cache_type: str, seq_tokens: int, threads: int | None)
                           kv_cache_type=kv_cache_type)
 
 
-def _chunks(tokens: list[int], all_logits: bool) -> list[BatchItem]:
-    table = list(range(len(tokens) + 1024))
+def _chunks(tokens: list[int], all_logits: bool, table: list[int]) -> list[BatchItem]:
     return [BatchItem(0, tokens[s:s + CHUNK], s, table,
                       list(range(len(tokens[s:s + CHUNK]))) if all_logits
                       else [len(tokens[s:s + CHUNK]) - 1])
             for s in range(0, len(tokens), CHUNK)]
 
 
-def _timed_pass(runner, tokens: list[int], decode_tokens: int) -> tuple[float, float]:
-    """Prefill `tokens` into an empty slot 0, then greedy-decode; (prefill tokens/s, decode
-    tokens/s). Leaves the slot empty."""
+def _timed_pass(runner, tokens: list[int], decode_tokens: int, table: list[int]
+                ) -> tuple[float, float]:
+    """Prefill `tokens` into an empty slot 0 (blocks `table`), then greedy-decode; (prefill
+    tokens/s, decode tokens/s). Leaves the slot empty."""
     runner.release(0, 0)
     t0 = time.perf_counter()
-    for item in _chunks(tokens, all_logits=False):
+    for item in _chunks(tokens, all_logits=False, table=table):
         logits = runner.execute([item])
     prefill = len(tokens) / (time.perf_counter() - t0)
-    table, pos = list(range(len(tokens) + decode_tokens + 1)), len(tokens)
+    pos = len(tokens)
     t0 = time.perf_counter()
     for _ in range(decode_tokens):
         nxt = int(np.argmax(logits[-1]))
@@ -162,6 +167,42 @@ def _timed_pass(runner, tokens: list[int], decode_tokens: int) -> tuple[float, f
     return prefill, decode
 
 
+def _text_tokens(tokenizer, n_tokens: int) -> list[int]:
+    """The first `n_tokens` tokens of `fixed_text`. Raises ValueError if it is shorter."""
+    tokens = tokenizer.encode(fixed_text(), add_special=True)
+    if len(tokens) < n_tokens:
+        raise ValueError(f"the fixed text is {len(tokens)} tokens, fewer than {n_tokens}")
+    return tokens[:n_tokens]
+
+
+def _quality(runners: dict, tokens: list[int], table: list[int]
+             ) -> tuple[dict[str, int], dict[str, float]]:
+    """Teacher-forced over `tokens` in slot 0 of every runner ({type: runner}, f16 first):
+    per type, (positions whose argmax agrees with f16's, summed KL(p_f16 || p_type))."""
+    ref = runners["f16"]
+    agree, kl = dict.fromkeys(runners, 0), dict.fromkeys(runners, 0.0)
+    for item in _chunks(tokens, all_logits=True, table=table):
+        base = np.array(ref.execute([item]), copy=True)
+        for t, r in runners.items():
+            a, k = compare_logits(base, base if r is ref else r.execute([item]))
+            agree[t] += a
+            kl[t] += k
+    return agree, kl
+
+
+def _speeds(runners: dict, tokens: list[int], decode_tokens: int, rounds: int,
+            table: list[int]) -> dict[str, tuple[float, float]]:
+    """{type: (median prefill tokens/s, median decode tokens/s)} over `rounds` rounds whose
+    order of types alternates."""
+    speeds: dict[str, list[tuple[float, float]]] = {t: [] for t in runners}
+    for rnd in range(rounds):
+        order = list(runners) if rnd % 2 == 0 else list(runners)[::-1]
+        for t in order:
+            speeds[t].append(_timed_pass(runners[t], tokens, decode_tokens, table))
+    return {t: (median([p for p, _ in v]), median([d for _, d in v]))
+            for t, v in speeds.items()}
+
+
 def measure(path: str, n_tokens: int = 2000, threads: int | None = None, rounds: int = 2,
             decode_tokens: int = 64, seq_tokens: int = 8192) -> dict:
     """The JSON object this module prints (see the module docstring). Loads the three
@@ -170,31 +211,16 @@ def measure(path: str, n_tokens: int = 2000, threads: int | None = None, rounds:
     runners = {t: _runner(path, t, ctx, threads) for t in KV_CACHE_TYPES}
     try:
         ref = runners["f16"]
-        tokens = ref.tokenizer.encode(fixed_text(), add_special=True)
-        if len(tokens) < n_tokens:
-            raise ValueError(f"the fixed text is {len(tokens)} tokens, fewer than {n_tokens}")
-        tokens = tokens[:n_tokens]
+        tokens = _text_tokens(ref.tokenizer, n_tokens)
         info = ref.info
-        # quality: teacher-forced chunks, every position's logits, all types side by side
-        agree = dict.fromkeys(KV_CACHE_TYPES, 0)
-        kl = dict.fromkeys(KV_CACHE_TYPES, 0.0)
+        table = list(range(n_tokens + decode_tokens + 1))  # blocks of >= 1 token: enough
+        agree, kl = _quality(runners, tokens, table)
         state_bytes = {}
-        for item in _chunks(tokens, all_logits=True):
-            base = np.array(ref.execute([item]), copy=True)
-            for t, r in runners.items():
-                a, k = compare_logits(base, base if r is ref else r.execute([item]))
-                agree[t] += a
-                kl[t] += k
         for t, r in runners.items():
             state_bytes[t] = len(r._memory.state_get(0))
             r.release(0, 0)
             state_bytes[t] = (state_bytes[t] - len(r._memory.state_get(0))) / n_tokens
-        # speed: rounds alternate the order of the types
-        speeds: dict[str, list[tuple[float, float]]] = {t: [] for t in KV_CACHE_TYPES}
-        for rnd in range(rounds):
-            order = KV_CACHE_TYPES if rnd % 2 == 0 else KV_CACHE_TYPES[::-1]
-            for t in order:
-                speeds[t].append(_timed_pass(runners[t], tokens, decode_tokens))
+        speeds = _speeds(runners, tokens, decode_tokens, rounds, table)
         budget = DEFAULT_SERVE[0] * DEFAULT_SERVE[1] * kv_token_bytes(
             info.n_layers, info.n_kv_heads, info.head_dim, "f16")
         out: dict = {"model": info.name, "path": path, "tokens": n_tokens,
@@ -208,8 +234,7 @@ def measure(path: str, n_tokens: int = 2000, threads: int | None = None, rounds:
                            kv_layout="auto", block_size=1, max_batch_tokens=CHUNK,
                            n_ctx_train=max(seq_tokens, info.n_ctx_train),
                            kv_bytes_per_token=bpt, split_kv_bytes=budget).max_seqs
-            prefill = median([p for p, _ in speeds[t]])
-            decode = median([d for _, d in speeds[t]])
+            prefill, decode = speeds[t]
             row = {"greedy_agreement": agree[t] / n_tokens, "mean_kl_nats": kl[t] / n_tokens,
                    "kv_bytes_per_token": bpt, "state_bytes_per_token": state_bytes[t],
                    "flash_attn": r.flash_attn,
@@ -227,6 +252,45 @@ def measure(path: str, n_tokens: int = 2000, threads: int | None = None, rounds:
             r.close()
 
 
+def measure_mlx(path: str, n_tokens: int = 300, rounds: int = 2,
+                decode_tokens: int = 16) -> dict:
+    """The JSON object of `--backend mlx`: the MLX runner with an f16 and a q8_0 (MLX affine
+    8-bit) pool, one sequence; quality and speed as `measure`, and the pool's KV bytes per
+    token as allocated (its f16 mode holds the activations' dtype: f32 on the CPU)."""
+    from backends.loader import MLX_BLOCK_SIZE
+    from backends.mlx.runner import KV_CACHE_TYPES as MLX_TYPES
+    from backends.mlx.runner import MLXRunner
+
+    num_blocks = -(-(n_tokens + decode_tokens + 1) // MLX_BLOCK_SIZE)
+    runners = {t: MLXRunner(path, 1, num_blocks, MLX_BLOCK_SIZE, kv_cache_type=t)
+               for t in MLX_TYPES}
+    try:
+        ref = runners["f16"]
+        tokens = _text_tokens(ref.tokenizer, n_tokens)
+        table = list(range(num_blocks))
+        agree, kl = _quality(runners, tokens, table)
+        speeds = _speeds(runners, tokens, decode_tokens, rounds, table)
+        n_rows = num_blocks * MLX_BLOCK_SIZE + 1  # + the trash row
+        out: dict = {"backend": "mlx", "model": ref.info.name, "path": path, "tokens": n_tokens,
+                     "rounds": rounds, "decode_tokens": decode_tokens, "types": {}}
+        f16 = None
+        for t, r in runners.items():
+            bpt = r.kv_bytes / n_rows
+            prefill, decode = speeds[t]
+            f16 = f16 or (bpt, prefill, decode)
+            out["types"][t] = {
+                "greedy_agreement": agree[t] / n_tokens, "mean_kl_nats": kl[t] / n_tokens,
+                "kv_bytes_per_token": bpt, "kv_bytes_ratio": bpt / f16[0],
+                "prefill_tok_s": round(prefill, 1), "decode_tok_s": round(decode, 1),
+                "decode_ms_per_token": round(1e3 / decode, 1),
+                "prefill_ratio": round(prefill / f16[1], 3),
+                "decode_ratio": round(decode / f16[2], 3)}
+        return out
+    finally:
+        for r in runners.values():
+            r.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m app.bench.kv_quant", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -235,12 +299,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads")
     p.add_argument("--rounds", type=int, default=2, help="timed rounds per type")
     p.add_argument("--decode-tokens", type=int, default=64, help="decode steps timed")
+    p.add_argument("--backend", choices=("llamacpp", "mlx"), default="llamacpp",
+                   help="mlx: the MLX runner's f16 and q8_0 (MLX 8-bit affine) pools")
     args = p.parse_args(argv)
+    if args.backend == "mlx" and args.threads is not None:
+        p.error("--threads is for the llamacpp backend")
     from models.store import resolve_model
 
     path = str(resolve_model(args.model, pull_missing=False))
-    print(json.dumps(measure(path, args.tokens, args.threads, args.rounds, args.decode_tokens),
-                     indent=1))
+    if args.backend == "mlx":
+        result = measure_mlx(path, args.tokens, args.rounds, args.decode_tokens)
+    else:
+        result = measure(path, args.tokens, args.threads, args.rounds, args.decode_tokens)
+    print(json.dumps(result, indent=1))
     return 0
 
 

@@ -71,10 +71,11 @@ REPACK = Flag("--repack", "runner.repack", "llama.cpp repacked weights (its extr
               "buffer types, faster decode): auto (where a probe, run once per model and "
               "machine and cached, shows this machine runs them), on, off",
               choices=("auto", "on", "off"))
-KV_CACHE_TYPE = Flag("--kv-cache-type", "runner.kv_cache_type", "llama.cpp KV cache values: "
-                     "f16, q8_0 (half the memory, nearly lossless) or q4_0 (a quarter, "
-                     "lossier); a quantized cache turns flash attention on (README, \"KV "
-                     "cache quantization\")", choices=KV_CACHE_TYPES)
+KV_CACHE_TYPE = Flag("--kv-cache-type", "runner.kv_cache_type", "KV cache values: f16, "
+                     "q8_0 (half the memory, nearly lossless; on --backend mlx it is MLX's "
+                     "8-bit affine quantization, group 64) or q4_0 (a quarter, lossier; "
+                     "llama.cpp only); on llama.cpp a quantized cache turns flash attention "
+                     "on (README, \"KV cache quantization\")", choices=KV_CACHE_TYPES)
 EXACT = Flag("--exact", "runner.exact", "logits independent of how steps are grouped: the "
              "same tokens batched or alone, cached or cold, with speculation or without "
              "(flash attention and repacked weights off, llama.cpp built without tinyBLAS: "

@@ -95,6 +95,21 @@ def model_aliases(spec: str, engine_name: str) -> set[str]:
     return {n for n in names if n}
 
 
+def kv_line(d: dict) -> str | None:
+    """The start-up line saying what KV the engine allocated, from `AsyncEngine.describe()`
+    `d`; None when the runner does not report its KV bytes."""
+    if d["kv_bytes"] is None:
+        return None
+    gib = d["kv_bytes"] / 2**30
+    if d["kv_budget_bytes"] is None:  # MLX: one paged pool shared by all sequences
+        return (f"tandem: paged KV ({d['kv_cache_type']}): {d['kv_tokens']} tokens shared by "
+                f"{d['max_seqs']} sequences, {gib:.2f} GiB")
+    exact = ", exact mode" if d["exact"] else ""
+    return (f"tandem: {d['kv_layout']} KV ({d['kv_cache_type']}{exact}): {d['max_seqs']} "
+            f"sequences x {d['context_length']} tokens, {gib:.1f} GiB (budget "
+            f"{d['kv_budget_bytes'] / 2**30:.1f} GiB, 1/8 of memory)")
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -152,11 +167,8 @@ def run(args: argparse.Namespace) -> int:
         shown = f"[{args.host}]" if ":" in args.host else args.host
         d = engine.describe()
         layout = d["kv_layout"]
-        if d["kv_bytes"] is not None:
-            exact = ", exact mode" if d["exact"] else ""
-            print(f"tandem: {layout} KV ({d['kv_cache_type']}{exact}): {d['max_seqs']} "
-                  f"sequences x {d['context_length']} tokens, {d['kv_bytes'] / 2**30:.1f} GiB (budget "
-                  f"{d['kv_budget_bytes'] / 2**30:.1f} GiB, 1/8 of memory)", flush=True)
+        if (line := kv_line(d)) is not None:
+            print(line, flush=True)
         if d["weight_buffers"]:
             # here, not at the top: `--exact` picks the llama.cpp library before its import
             from backends.llamacpp.plain_prefill import PLAIN_PREFILL_MIN_TOKENS

@@ -113,7 +113,8 @@ class AsyncEngine:
 
     def describe(self) -> dict[str, object]:
         """What serves requests: backend, model, KV layout, KV bytes allocated, KV cache type
-        and whether it turned flash attention on, and the budget (llama.cpp), block size, slots, context length, whether it speculates, and the
+        and whether it turned flash attention on, and the budget (llama.cpp), block size, KV
+        tokens (blocks x block size), slots, context length, whether it speculates, and the
         weight buffers {llama.cpp buffer type: MiB}, the repack verdict (llama.cpp's
         `RepackVerdict`; None elsewhere) and whether large prefill chunks run on plain
         weights, and whether it runs exact mode (`backends.llamacpp.exact`)."""
@@ -127,6 +128,7 @@ class AsyncEngine:
             "flash_attn_forced": getattr(runner, "flash_attn_forced", False),
             "kv_budget_bytes": getattr(runner, "kv_budget_bytes", None),
             "block_size": runner.block_size,
+            "kv_tokens": runner.num_blocks * runner.block_size,
             "max_seqs": runner.max_seqs,
             "context_length": self.context_length,
             "speculation": self.engine.speculator is not None,

@@ -11,7 +11,8 @@ mlx-lm's attention layers (llama, qwen2, qwen3, ...) call, per layer and forward
 pool rows of the engine's blocks and each row's blocks are gathered back for attention, with a
 boolean mask for ragged rows. Batch rows are right-padded to the longest row; pad tokens write
 into a trash row that no sequence reads. The geometry of one forward (`StepLayout`) is shared
-by all layers.
+by all layers. `QuantizedPagedLayerCache` keeps the same pools in MLX's affine 8 bits
+(`--kv-cache-type q8_0` on MLX) and dequantizes the rows it gathers.
 
 Pool writes are in place only while the pool buffer is *donatable* (no other live reference);
 otherwise MLX copies the whole pool on every write (shared/notes/mlx.md §1, "MLX write cost").
@@ -99,9 +100,8 @@ class PagedLayerCache:
         `[B, kv_heads, S, head_dim]` for positions `0..S-1` (trash beyond a row's end)."""
         lay = self.layout
         self.write(lay.write_rows, _rows(keys), _rows(values))
-        k = self.keys[lay.read_rows].transpose(0, 2, 1, 3)
-        v = self.values[lay.read_rows].transpose(0, 2, 1, 3)
-        return k, v
+        k, v = self.read(lay.read_rows)
+        return k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
         """`[B, 1, N, S]` bool mask of the current forward. Sliding windows are refused (no
@@ -136,8 +136,72 @@ class PagedLayerCache:
         self.values[rows] = v.astype(self.values.dtype)
 
     def read(self, rows: mx.array) -> tuple[mx.array, mx.array]:
-        """Copies of pool rows `rows` `[n]` -> K, V `[n, kv_heads, head_dim]`."""
+        """Copies of pool rows `rows` (int32, any shape `R`) -> K, V `[*R, kv_heads,
+        head_dim]`."""
         return self.keys[rows], self.values[rows]
+
+
+# `--kv-cache-type q8_0` on MLX: MLX's affine 8-bit quantization (mlx-lm's QuantizedKVCache),
+# not llama.cpp's block_q8_0. Scales and biases are f16 whatever the compute dtype, so a
+# group of 64 values takes 64 + 4 bytes: 0.53x f16, as llama.cpp's q8_0 (34 bytes per 32).
+KV_BITS = 8
+KV_SCALE_DTYPE = mx.float16
+
+
+def kv_group_size(*dims: int) -> int:
+    """The quantization group of head dims `dims`: 64 where it divides them all, else 32.
+    Raises ValueError if 32 does not divide them either."""
+    for g in (64, 32):
+        if all(d % g == 0 for d in dims):
+            return g
+    raise ValueError(f"--kv-cache-type q8_0 on MLX needs head dims divisible by 32, not "
+                     f"{', '.join(map(str, dims))}")
+
+
+class QuantizedPagedLayerCache(PagedLayerCache):
+    """`PagedLayerCache` over pools quantized with `mx.quantize` (affine, `KV_BITS` bits,
+    group `kv_group_size(head_dim)`): `keys` and `values` are each a triplet of arrays
+    (packed uint32 `[n_rows, kv_heads, head_dim*bits/32]`, scales and biases
+    `KV_SCALE_DTYPE` `[n_rows, kv_heads, head_dim/group]`). Rows are quantized on `write`
+    and dequantized to `dtype` on `read`, so the models see plain K/V (this class has no
+    `bits` attribute: mlx-lm would then expect quantized tuples from `update_and_fetch`).
+    Raises ValueError as `kv_group_size`."""
+
+    def __init__(self, n_rows: int, kv_heads: int, head_dim: int, dtype: mx.Dtype,
+                 v_head_dim: int | None = None):
+        v_head_dim = v_head_dim or head_dim
+        self.group_size = kv_group_size(head_dim, v_head_dim)
+        self.dtype = dtype
+        self.keys = self._zeros(n_rows, kv_heads, head_dim)
+        self.values = self._zeros(n_rows, kv_heads, v_head_dim)
+        self.layout = None
+
+    def _zeros(self, n_rows: int, kv_heads: int, dim: int) -> tuple[mx.array, ...]:
+        per_word = 32 // KV_BITS
+        groups = dim // self.group_size
+        return (mx.zeros((n_rows, kv_heads, dim // per_word), dtype=mx.uint32),
+                mx.zeros((n_rows, kv_heads, groups), dtype=KV_SCALE_DTYPE),
+                mx.zeros((n_rows, kv_heads, groups), dtype=KV_SCALE_DTYPE))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (*self.keys, *self.values))
+
+    def write(self, rows: mx.array, k: mx.array, v: mx.array) -> None:
+        """Quantize `[n, kv_heads, head_dim]` K/V and scatter them into pool rows `rows`
+        `[n]`, in place while the pools are donatable."""
+        for pool, x in ((self.keys, k), (self.values, v)):
+            parts = mx.quantize(x.astype(KV_SCALE_DTYPE), group_size=self.group_size,
+                                bits=KV_BITS)
+            for dst, part in zip(pool, parts, strict=True):
+                dst[rows] = part
+
+    def read(self, rows: mx.array) -> tuple[mx.array, mx.array]:
+        """Pool rows `rows` (int32, any shape `R`) dequantized to `dtype` -> K, V
+        `[*R, kv_heads, head_dim]`."""
+        return tuple(mx.dequantize(*(a[rows] for a in pool), group_size=self.group_size,
+                                   bits=KV_BITS, dtype=self.dtype)
+                     for pool in (self.keys, self.values))
 
 
 def _rows(x: mx.array) -> mx.array:

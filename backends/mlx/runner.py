@@ -4,7 +4,9 @@ block ids (protocol: `backends/base.py`).
 The pool is addressed directly by the block tables each `BatchItem` carries, so prefix sharing
 (`share_blocks`) costs nothing and rollback (`truncate`) is just rewriting positions later;
 those calls are no-ops here. `export_kv`/`import_kv` move per-layer K/V in DESIGN.md's neutral
-layout (`[tokens, kv_heads, head_dim]`, f16, rotate-half RoPE already applied).
+layout (`[tokens, kv_heads, head_dim]`, f16, rotate-half RoPE already applied); a q8_0 pool
+(MLX 8-bit affine, `QuantizedPagedLayerCache`) is not llama.cpp's q8_0 wire layout, so it
+moves no KV.
 
 All MLX work runs on one private `MLXThread` (`backends/mlx/thread.py`): MLX streams are
 thread-local, and the engine calls from its own step thread.
@@ -26,6 +28,26 @@ T = TypeVar("T")
 # (B*L <= sum(len) / (1 - waste)); otherwise it gets its own forward, e.g. a 512-token prefill
 # chunk next to decode rows (shared/notes/mlx.md §1, "Limits of the drop-in approach").
 _MAX_PAD_WASTE = 0.34
+
+# KV cache types of the MLX pool: "q8_0" is MLX's affine 8-bit quantization (group 64), the
+# name of llama.cpp's 8-bit type so that one `--kv-cache-type` flag serves both backends.
+KV_CACHE_TYPES = ("f16", "q8_0")
+
+
+def check_kv_cache_type(kv_cache_type: str) -> None:
+    """Raises ValueError (one line) for a KV cache type the MLX pool does not have."""
+    if kv_cache_type not in KV_CACHE_TYPES:
+        raise ValueError(f"--kv-cache-type {kv_cache_type} is for the llamacpp backend; the "
+                         "MLX backend's KV cache is f16 or q8_0 (MLX 8-bit affine)")
+
+
+def kv_transfer_refusal(kv_cache_type: str) -> str | None:
+    """Why an MLX pool of `kv_cache_type` cannot move KV in two-box mode (one line), or None
+    if it can."""
+    if kv_cache_type == "f16":
+        return None
+    return (f"two-box mode sends f16 or llama.cpp's q8_0 KV; --kv-cache-type {kv_cache_type} "
+            "on the MLX backend (MLX 8-bit affine) is not supported")
 
 
 def group_rows(lengths: list[int]) -> list[list[int]]:
@@ -51,17 +73,22 @@ class MLXRunner:
         max_seqs: slots the engine may use (any slot works; the pool is shared).
         num_blocks, block_size: KV capacity; the pool per layer is
             `[num_blocks*block_size + 1, kv_heads, head_dim]` (last row: trash for pads).
-        dtype: mx dtype of weights and KV (default: f16 on Metal, f32 on CPU).
-    Raises FileNotFoundError / ValueError from loading (unsupported architecture etc.).
+        dtype: mx dtype of weights and activations (default: f16 on Metal, f32 on CPU).
+        kv_cache_type: "f16": KV in the activations' dtype; "q8_0": MLX affine 8-bit
+            (`QuantizedPagedLayerCache`), dequantized to that dtype as attention reads it.
+    Raises FileNotFoundError / ValueError from loading (unsupported architecture etc.), and
+    ValueError for another `kv_cache_type` or a head dim 32 does not divide (q8_0).
     """
 
-    # The pool is addressed by block tables, so truncation and transfer are exact by design.
-    capabilities = RunnerCapabilities(exact_truncate=True, kv_transfer=True)
-
     def __init__(self, path: str, max_seqs: int, num_blocks: int, block_size: int = 16,
-                 dtype=None):
+                 dtype=None, kv_cache_type: str = "f16"):
         if max_seqs < 1 or num_blocks < 1 or block_size < 1:
             raise ValueError("max_seqs, num_blocks and block_size must be positive")
+        check_kv_cache_type(kv_cache_type)
+        self.kv_cache_type = kv_cache_type
+        # The pool is addressed by block tables, so truncation is exact by design.
+        self.capabilities = RunnerCapabilities(
+            exact_truncate=True, kv_transfer=kv_transfer_refusal(kv_cache_type) is None)
         self.max_seqs = max_seqs
         self.num_blocks = num_blocks
         self.max_seq_tokens = num_blocks * block_size
@@ -84,7 +111,7 @@ class MLXRunner:
         import mlx.core as mx
 
         from backends.mlx.loader import load
-        from backends.mlx.paged_cache import PagedLayerCache
+        from backends.mlx.paged_cache import PagedLayerCache, QuantizedPagedLayerCache
 
         lm = load(path, dtype)
         self._lm = lm
@@ -100,8 +127,8 @@ class MLXRunner:
         # activations (and so K/V) take the dtype of the embeddings' output
         act_dtype = inner.embed_tokens(mx.array([[0]])).dtype
         n_rows = self.num_blocks * self.block_size + 1
-        self._caches = [PagedLayerCache(n_rows, kv_heads, head_dim, act_dtype)
-                        for _ in inner.layers]
+        cache = QuantizedPagedLayerCache if self.kv_cache_type == "q8_0" else PagedLayerCache
+        self._caches = [cache(n_rows, kv_heads, head_dim, act_dtype) for _ in inner.layers]
         mx.eval([(c.keys, c.values) for c in self._caches])
         self.tokenizer = lm.tokenizer
         self.info = ModelInfo(
@@ -176,6 +203,11 @@ class MLXRunner:
 
     # -- KV transfer (two-box mode) -----------------------------------------------------------
 
+    def _check_transfer(self) -> None:
+        reason = kv_transfer_refusal(self.kv_cache_type)
+        if reason is not None:
+            raise ValueError(reason)
+
     def _rows(self, block_table: list[int], start: int, n: int) -> np.ndarray:
         bt = np.asarray(block_table, dtype=np.int64)
         if start < 0 or n < 0 or len(bt) * self.block_size < start + n:
@@ -189,7 +221,9 @@ class MLXRunner:
     def export_kv(self, slot: int, block_table: list[int], start: int, n: int
                   ) -> list[LayerKV]:
         """K and V of positions `start..start+n-1`, per layer, each `[n, kv_heads, head_dim]`
-        float16, post-RoPE in the rotate-half (Hugging Face) convention."""
+        float16, post-RoPE in the rotate-half (Hugging Face) convention. Raises ValueError
+        for a q8_0 pool (`kv_transfer_refusal`) or positions the table does not cover."""
+        self._check_transfer()
         rows = self._rows(block_table, start, n)
 
         def run():
@@ -209,7 +243,9 @@ class MLXRunner:
     def import_kv(self, slot: int, block_table: list[int], start: int,
                   kv: list[LayerKV]) -> None:
         """Write per-layer K/V `[n, kv_heads, head_dim]` (layout of `export_kv`) into positions
-        `start..start+n-1` of the blocks in `block_table`. Raises ValueError on shape mismatch."""
+        `start..start+n-1` of the blocks in `block_table`. Raises ValueError on shape mismatch
+        or for a q8_0 pool (`kv_transfer_refusal`)."""
+        self._check_transfer()
         if len(kv) != len(self._caches):
             raise ValueError(f"expected {len(self._caches)} layers, got {len(kv)}")
         n = kv[0][0].shape[0]
@@ -227,6 +263,11 @@ class MLXRunner:
             mx.eval([(c.keys, c.values) for c in self._caches])
 
         self._on_thread(run)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of the KV pools of all layers (quantized sizes for q8_0)."""
+        return sum(c.nbytes for c in self._caches)
 
     # -- sequence ops: the pool is addressed by the engine's block tables -----------------------
 
@@ -262,10 +303,11 @@ class MLXRunner:
 
 
 def load_mlx_runner(gguf_or_dir_path: str, max_seqs: int, num_blocks: int,
-                    block_size: int = 16) -> MLXRunner:
+                    block_size: int = 16, kv_cache_type: str = "f16") -> MLXRunner:
     """The MLX runner for a `.gguf` file or an MLX model directory (engine entry point).
-    Raises FileNotFoundError, ValueError (unsupported architecture/tokenizer), ImportError if
-    mlx is not installed."""
+    Raises FileNotFoundError, ValueError (unsupported architecture/tokenizer/KV cache type),
+    ImportError if mlx is not installed."""
     import mlx.core  # noqa: F401  -- fail early with ImportError when mlx is missing
 
-    return MLXRunner(gguf_or_dir_path, max_seqs, num_blocks, block_size)
+    return MLXRunner(gguf_or_dir_path, max_seqs, num_blocks, block_size,
+                     kv_cache_type=kv_cache_type)

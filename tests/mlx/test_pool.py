@@ -14,15 +14,20 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from backends.mlx.paged_cache import PagedLayerCache, build_layout  # noqa: E402
+from backends.mlx.paged_cache import (  # noqa: E402
+    PagedLayerCache,
+    QuantizedPagedLayerCache,
+    build_layout,
+)
 
 KV_HEADS, HEAD_DIM = 4, 64
 
 
-def _median_write_ms(n_rows: int, via_model_protocol: bool, repeats: int = 15) -> float:
+def _median_write_ms(cache_cls, n_rows: int, via_model_protocol: bool,
+                     repeats: int = 15) -> float:
     """Median time of storing 16 tokens: a bare `write`, or `update_and_fetch` as a model
     layer calls it (scatter, then gather of the row's 32 positions)."""
-    cache = PagedLayerCache(n_rows, KV_HEADS, HEAD_DIM, mx.float16)
+    cache = cache_cls(n_rows, KV_HEADS, HEAD_DIM, mx.float16)
     mx.eval(cache.keys, cache.values)
     k = mx.ones((16, KV_HEADS, HEAD_DIM), dtype=mx.float16)
     k4 = mx.ones((1, KV_HEADS, 16, HEAD_DIM), dtype=mx.float16)
@@ -48,14 +53,16 @@ def _median_write_ms(n_rows: int, via_model_protocol: bool, repeats: int = 15) -
     return float(np.median(times)) * 1e3
 
 
+@pytest.mark.parametrize("cache_cls", [PagedLayerCache, QuantizedPagedLayerCache])
 @pytest.mark.parametrize("via_model_protocol", [False, True])
-def test_write_time_does_not_grow_with_pool_size(via_model_protocol):
-    small = 16 * 1024 + 1  # rows: 8 MiB per f16 pool (+ trash row)
-    big = 8 * 16 * 1024 + 1  # 64 MiB per pool
-    t_small = _median_write_ms(small, via_model_protocol)
-    t_big = _median_write_ms(big, via_model_protocol)
-    print(f"\npool write ({'update_and_fetch' if via_model_protocol else 'write'}): "
-          f"{t_small:.3f} ms (8 MiB pools) vs {t_big:.3f} ms (64 MiB pools)")
+def test_write_time_does_not_grow_with_pool_size(cache_cls, via_model_protocol):
+    small = 16 * 1024 + 1  # rows: 8 MiB per f16 pool (+ trash row), 4.25 MiB quantized
+    big = 8 * 16 * 1024 + 1  # 64 MiB per f16 pool
+    t_small = _median_write_ms(cache_cls, small, via_model_protocol)
+    t_big = _median_write_ms(cache_cls, big, via_model_protocol)
+    print(f"\n{cache_cls.__name__} write "
+          f"({'update_and_fetch' if via_model_protocol else 'write'}): "
+          f"{t_small:.3f} ms (small pools) vs {t_big:.3f} ms (8x the rows)")
     assert t_big < 3 * t_small + 0.5  # +0.5 ms absorbs scheduler noise on shared CPUs
 
 

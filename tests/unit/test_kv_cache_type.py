@@ -1,5 +1,6 @@
 """`--kv-cache-type`: the flag on every model-loading command, into `RunnerConfig`, and the
-one-line refusals (flash attention off, two-box mode, the MLX backend). No model needed."""
+one-line refusals (flash attention off, two-box mode, the MLX backend) and the MLX pool's
+start-up line. No model needed."""
 
 from __future__ import annotations
 
@@ -71,13 +72,39 @@ def test_two_box_refusals_as_a_user_sees_them():
         "not supported by prefill-worker\n"))
 
 
-def test_mlx_refuses_a_quantized_cache(monkeypatch):
+def test_mlx_refuses_a_q4_0_cache(monkeypatch):
     from backends import loader
     from backends.loader import load_runner
 
     monkeypatch.setattr(loader, "_choose", lambda requested: "mlx")  # mlx installed or not
 
     with pytest.raises(ValueError) as err:
-        load_runner("model-dir", backend="mlx", config=RunnerConfig(kv_cache_type="q8_0"))
-    assert str(err.value) == ("--kv-cache-type q8_0 is for the llamacpp backend; the MLX "
-                              "backend's KV cache is f16 only for now")
+        load_runner("model-dir", backend="mlx", config=RunnerConfig(kv_cache_type="q4_0"))
+    assert str(err.value) == ("--kv-cache-type q4_0 is for the llamacpp backend; the MLX "
+                              "backend's KV cache is f16 or q8_0 (MLX 8-bit affine)")
+
+
+MLX_Q8_REFUSAL = ("two-box mode sends f16 or llama.cpp's q8_0 KV; --kv-cache-type q8_0 on the "
+                  "MLX backend (MLX 8-bit affine) is not supported")
+
+
+def test_two_box_refuses_mlx_q8_0_at_start_up():
+    """MLX's q8_0 is its 8-bit affine layout, not the wire's llama.cpp blocks."""
+    peer = PeerConfig("127.0.0.1", 7070, b"")
+    with pytest.raises(ValueError) as err:
+        EngineArgs(backend="mlx", runner=RunnerConfig(kv_cache_type="q8_0"), prefill_peer=peer)
+    assert str(err.value) == f"{MLX_Q8_REFUSAL} with --prefill-peer"
+    EngineArgs(backend="mlx", runner=RunnerConfig(kv_cache_type="f16"), prefill_peer=peer)
+    EngineArgs(backend="llamacpp", runner=RunnerConfig(kv_cache_type="q8_0"), prefill_peer=peer)
+    r = tandem("prefill-worker", "--backend", "mlx", "--kv-cache-type", "q8_0")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, "", f"tandem prefill-worker: {MLX_Q8_REFUSAL} by prefill-worker\n")
+
+
+def test_serve_start_up_line_of_an_mlx_pool():
+    from app.commands.serve import kv_line
+
+    d = {"kv_bytes": 3 * 2**28, "kv_budget_bytes": None, "kv_cache_type": "q8_0",
+         "kv_tokens": 16384, "max_seqs": 32}
+    assert kv_line(d) == "tandem: paged KV (q8_0): 16384 tokens shared by 32 sequences, 0.75 GiB"
+    assert kv_line({**d, "kv_bytes": None}) is None
