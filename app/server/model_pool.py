@@ -35,7 +35,8 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -380,7 +381,8 @@ class ModelPool:
                 if not slot.waiters:
                     raise busy(slot.name, self.wait_s)  # nobody wants it any more
                 log.info("loading %s (%s)", slot.name, slot.model.path)
-                engine = await asyncio.to_thread(self._load, slot.model.path)
+                with cores_yielded([e for _, e in self.loaded()]):
+                    engine = await asyncio.to_thread(self._load, slot.model.path)
             except Exception as exc:  # noqa: BLE001 - answered to the waiting requests
                 slot.loading = None
                 fut.set_exception(exc if isinstance(exc, APIError) else load_failed(slot.name,
@@ -448,6 +450,23 @@ class ModelPool:
             engine, slot.engine = slot.engine, None
             if engine is not None:
                 engine.shutdown()
+
+
+@contextmanager
+def cores_yielded(engines: list[Any]) -> Iterator[None]:
+    """While a model loads, the loaded `engines`' llama.cpp runners compute with one thread
+    fewer (`LlamaCppRunner.yield_core`): on a CPU whose cores all run their threads, the
+    load would otherwise preempt one of a step's spinning workers and stall the step's
+    barriers (README, "Models on demand"). Other runners are left alone."""
+    runners = [r for r in (getattr(getattr(e, "engine", None), "runner", None)
+                           for e in engines) if hasattr(r, "yield_core")]
+    for r in runners:
+        r.yield_core(True)
+    try:
+        yield
+    finally:
+        for r in runners:
+            r.yield_core(False)
 
 
 def footprint(engine: Any, path: Path) -> int:

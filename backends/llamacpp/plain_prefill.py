@@ -78,6 +78,10 @@ class PlainPrefill:
         if self._held is not None and (slot is None or self._held[0] == slot):
             self._held = None
 
+    def set_threads(self, n: int) -> None:
+        """Compute with `n` threads from the next call on (`LlamaCppRunner.yield_core`)."""
+        L.llama_set_n_threads(self._ctx, n, n)
+
     def compute(self, item: BatchItem, main: ContextMemory) -> np.ndarray:
         """Compute `item` (a prefill chunk of the main context's sequence `item.slot`) here
         and leave the slot of `main` holding positions `0 .. start_pos+len(tokens)-1`, as

@@ -150,6 +150,7 @@ class LlamaCppRunner:
         self.max_seqs = max_seqs
         self.max_batch_tokens = max_batch_tokens
         self.n_threads = n_threads or default_threads()
+        self._threads_wanted = self._threads_now = self.n_threads  # `yield_core`
         try:
             kv_bytes = runtime.kv_bytes_per_token(self._model, kv_cache_type)
         except ValueError:
@@ -223,7 +224,23 @@ class LlamaCppRunner:
         """The model's parameter count (llama.cpp's `llama_model_n_params`)."""
         return int(L.llama_model_n_params(self._model))
 
+    def yield_core(self, on: bool) -> None:
+        """While `on`, steps compute with one thread fewer (at least one), so a model load
+        running beside them gets a core of its own instead of stalling their barriers (a
+        spinning llama.cpp worker descheduled holds up the whole step). Applied on the step
+        thread at the next `execute`; `on=False` restores `n_threads`. Thread-safe."""
+        self._threads_wanted = max(1, self.n_threads - 1) if on else self.n_threads
+
+    def _apply_threads(self) -> None:
+        n = self._threads_wanted
+        if n != self._threads_now:
+            L.llama_set_n_threads(self._ctx, n, n)
+            if self.plain_prefill is not None:
+                self.plain_prefill.set_threads(n)
+            self._threads_now = n
+
     def execute(self, items: list[BatchItem]) -> np.ndarray:
+        self._apply_threads()
         self.residency.before_compute()
         plain = self.plain_prefill
         if plain is not None and any(_plain_prefill_chunk(i) for i in items):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,13 +31,17 @@ class FakeEngine:
 
 
 class Loader:
-    """Loads `FakeEngine`s; `broken.gguf` fails; `gate` (when set) holds every load."""
+    """Loads `FakeEngine`s; `broken.gguf` fails; `gate` (when set) holds every load;
+    `during` (when set) is called at the start of each."""
 
     def __init__(self) -> None:
         self.loaded: list[str] = []
         self.gate: threading.Event | None = None
+        self.during: Callable[[], None] | None = None
 
     def __call__(self, path: Path) -> FakeEngine:
+        if self.during is not None:
+            self.during()
         if self.gate is not None:
             assert self.gate.wait(10)
         self.loaded.append(path.stem)
@@ -190,6 +195,30 @@ async def test_the_memory_budget_unloads_before_the_count_does(store: Path) -> N
     assert loaded(pool) == ["smollm2-135m-instruct", "b"]
     (await pool.acquire("c")).release()
     assert loaded(pool) == ["b", "c"]
+
+
+class YieldingRunner:
+    """Records `yield_core` calls, as `LlamaCppRunner` takes them."""
+
+    def __init__(self) -> None:
+        self.calls: list[bool] = []
+
+    def yield_core(self, on: bool) -> None:
+        self.calls.append(on)
+
+
+async def test_loaded_models_yield_a_core_while_another_loads(store: Path) -> None:
+    loader = Loader()
+    pool, first = make_pool(store, loader, max_loaded=3)
+    first.engine = type("Core", (), {"runner": YieldingRunner()})()  # AsyncEngine.engine
+    seen: list[list[bool]] = []
+    loader.during = lambda: seen.append(list(first.engine.runner.calls))
+    (await pool.acquire("b")).release()
+    assert seen == [[True]]  # during the load: one thread fewer
+    assert first.engine.runner.calls == [True, False]  # after it: all of them again
+    with pytest.raises(APIError):
+        await pool.acquire("broken")
+    assert first.engine.runner.calls == [True, False, True, False]  # a failed load too
 
 
 def test_durations() -> None:
