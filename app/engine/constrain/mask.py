@@ -158,4 +158,3 @@ def apply_masks(logits: np.ndarray, bitmask: np.ndarray, rows: Iterable[int],
     for row in rows:
         _mask_row(logits[row], bitmask[row], fallback)
     return logits
-
