@@ -86,13 +86,30 @@ class Server:
         raise KeyError(name)
 
 
+def _one_model_home() -> Path:
+    """A TANDEM_HOME inside the session's whose store links only `MODEL` (and its sha256
+    sidecar), made once: the e2e servers list exactly the model they serve, whatever else
+    the user's store holds. Profiles and probes are cached there for every server."""
+    from models.store import model_path
+
+    home = Path(os.environ["TANDEM_HOME"]) / "e2e-one-model"
+    store = home / "models"
+    if not store.is_dir():
+        store.mkdir(parents=True)
+        path = model_path(MODEL)
+        for f in (path, path.with_name(path.name + ".sha256")):
+            if f.exists():
+                (store / f.name).symlink_to(f.resolve())
+    return home
+
+
 def _start_subprocess(api_key: str | None, *extra: str) -> Iterator[Server]:
     port = free_port()
     cmd = [sys.executable, "-m", "app.cli", "serve", "--model", MODEL, "--port", str(port)]
     cmd += ["--ctx-size", str(CTX_SIZE), *extra]
     if api_key:
         cmd += ["--api-key", api_key]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TANDEM_HOME": str(_one_model_home())}
     # llama.cpp's OpenMP workers spin at barriers by default; on a shared, oversubscribed CI
     # box that turns a 1 s request into 10+ s. Sleeping at barriers keeps the suite steady.
     env.setdefault("OMP_WAIT_POLICY", "passive")
