@@ -259,6 +259,17 @@ def pull_hf(spec: str, download: bool = True) -> Path:
     return check_gguf(Path(path))
 
 
+def link_model(path: Path, store: Path) -> Path:
+    """Symlink model file `path` and its sha256 sidecar (when there is one) into directory
+    `store` under their own names, for a store that uses a model without copying it (a
+    temporary TANDEM_HOME). Returns the link. Raises FileExistsError if one is there."""
+    path = Path(path).resolve()
+    for f in (path, _sidecar_path(path)):
+        if f.exists():
+            (store / f.name).symlink_to(f)
+    return store / path.name
+
+
 # --- internals ---------------------------------------------------------------------------
 
 

@@ -39,7 +39,7 @@ import httpx
 from app.bench.server_process import free_port, running
 from app.bench.stats import percentiles, ratio
 from models.registry import DEFAULT_MODEL
-from models.store import resolve_model
+from models.store import link_model, resolve_model
 
 ASK = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 SECOND = "swap-second"
@@ -48,10 +48,7 @@ SECOND = "swap-second"
 def _store(first: Path, second: Path, home: Path) -> None:
     models = home / "models"
     models.mkdir(parents=True)
-    (models / first.name).symlink_to(first)
-    sidecar = first.with_name(first.name + ".sha256")
-    if sidecar.exists():
-        (models / sidecar.name).symlink_to(sidecar)
+    link_model(first, models)
     (models / f"{SECOND}.gguf").symlink_to(second)
 
 

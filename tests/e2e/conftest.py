@@ -90,16 +90,13 @@ def _one_model_home() -> Path:
     """A TANDEM_HOME inside the session's whose store links only `MODEL` (and its sha256
     sidecar), made once: the e2e servers list exactly the model they serve, whatever else
     the user's store holds. Profiles and probes are cached there for every server."""
-    from models.store import model_path
+    from models.store import link_model, model_path
 
     home = Path(os.environ["TANDEM_HOME"]) / "e2e-one-model"
     store = home / "models"
     if not store.is_dir():
         store.mkdir(parents=True)
-        path = model_path(MODEL)
-        for f in (path, path.with_name(path.name + ".sha256")):
-            if f.exists():
-                (store / f.name).symlink_to(f.resolve())
+        link_model(model_path(MODEL), store)
     return home
 
 

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from app.bench.server_process import free_port, running
+from models.store import link_model
 from tests.e2e.conftest import ROOT
 
 pytestmark = pytest.mark.model
@@ -35,8 +36,7 @@ def store(embedded_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     home = tmp_path_factory.mktemp("home")
     models = home / "models"
     models.mkdir()
-    for name in (embedded_model.name, embedded_model.name + ".sha256"):
-        (models / name).symlink_to(embedded_model.parent / name)
+    link_model(embedded_model, models)
     (models / "smol-twin.gguf").symlink_to(embedded_model)
     (models / "broken.gguf").write_bytes(b"GGUF" + bytes(range(256)) * 8)
     return home

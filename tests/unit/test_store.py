@@ -292,3 +292,19 @@ def test_registry_entries_are_consistent():
             if isinstance(source, MultiPartSource):
                 assert sum(p.size for p in source.parts) == entry.size
                 assert all(len(p.sha256) == 64 for p in source.parts)
+
+
+def test_link_model_links_the_file_and_its_sidecar(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    dst.mkdir()
+    (src / "a.gguf").write_bytes(b"GGUF")
+    (src / "a.gguf.sha256").write_text("abc  a.gguf\n")
+    (src / "b.gguf").write_bytes(b"GGUF")  # no sidecar
+    assert store.link_model(src / "a.gguf", dst) == dst / "a.gguf"
+    assert store.link_model(src / "b.gguf", dst) == dst / "b.gguf"
+    assert {p.name: p.resolve() for p in dst.iterdir()} == {
+        "a.gguf": src / "a.gguf", "a.gguf.sha256": src / "a.gguf.sha256",
+        "b.gguf": src / "b.gguf"}
+    with pytest.raises(FileExistsError):
+        store.link_model(src / "a.gguf", dst)
