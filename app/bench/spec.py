@@ -199,7 +199,7 @@ def plot_frontier(results: list[dict], path: str | Path, context: ChartContext):
                   title=f"workload: {workload}", ylabel="decode tok/s, all users",
                   better="higher", legend=False)
     if len(modes) > 1:  # one legend for every panel, beside them
-        fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper",
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right center",
                    title="mode\n(bars: tok/s,\n× = ratio to off)", fontsize=8, title_fontsize=8)
     save(fig, path)
     return fig
