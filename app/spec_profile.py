@@ -23,6 +23,7 @@ from pathlib import Path
 
 from app.engine.spec_decode.controller import StepTimeCurve
 from app.engine.spec_decode.profile import (
+    CORE,
     core_points,
     curve_problem,
     fastest_monotone,
@@ -160,6 +161,60 @@ def load_profile(runner: Runner, model_path: Path, backend: str,
         log.warning("step-time profile %s: used for this run, not cached (%s)", path.name,
                     problem)
     return profile
+
+
+@dataclass
+class CachedCurve:
+    """What the store holds for a model on a backend, for `tandem doctor`: `profiles` files
+    (one per key: threads, KV layout, repacking...), the newest's one-sequence curve as
+    t(n)/t(1) `ratios` at n = 2..8, and why it would be measured again (`problem`, None if
+    trusted)."""
+
+    path: Path
+    profiles: int
+    ratios: dict[int, float]
+    problem: str | None
+
+    def break_even(self) -> tuple[float, int] | None:
+        """(acceptance, k): the lowest per-token acceptance a at which a k-token draft pays
+        on this curve, over k = 1..7, or None if none can. A verify step of k + 1 tokens
+        yields 1 + a + ... + a^k tokens on average for t(k+1)/t(1) of a plain step's time
+        (the expected-tokens formula of Leviathan et al., arXiv 2211.17192), so it pays where
+        that sum exceeds the ratio; a ratio of k + 1 or more never pays."""
+        best = None
+        for k in range(1, 8):
+            ratio = self.ratios[k + 1]
+            if ratio >= k + 1:
+                continue
+            lo, hi = 0.0, 1.0
+            for _ in range(40):  # the sum grows with a: bisect for sum = ratio
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if sum(mid ** i for i in range(k + 1)) < ratio else (lo, mid)
+            if best is None or hi < best[0]:
+                best = (round(hi, 3), k)
+        return best
+
+
+def cached_curve(model_name: str, backend: str) -> CachedCurve | None:
+    """The newest readable profile in the store for the model file `model_name` on
+    `backend`, or None if there is none. Measures nothing."""
+    found = []
+    for path in (store_dir() / "profiles").glob("*.json"):
+        try:
+            body = json.loads(path.read_text())
+            if (body.get("model"), body.get("backend")) != (model_name, backend):
+                continue
+            points, online = _read(path)
+            curve = OnlineStepTimes(points, online).curve(1)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        found.append((path.stat().st_mtime, path, points, online, curve))
+    if not found:
+        return None
+    _, path, points, online, curve = max(found, key=lambda f: f[0])
+    core = list(range(1, CORE + 1))  # what a runner with room for them must have
+    return CachedCurve(path, len(found), {n: round(curve(n) / curve(1), 3) for n in range(2, 9)},
+                       curve_problem(points, core) or stale(points, online))
 
 
 def step_time_curve(runner: Runner, model_path: Path, backend: str,

@@ -69,7 +69,7 @@ class ServerHTTPError(RuntimeError):
 
 
 @dataclass
-class _Result:
+class ChatResult:
     ttft: float  # seconds
     tpot: float | None  # seconds per token after the first
     completion_tokens: int
@@ -93,7 +93,7 @@ def _headers(api_key: str | None) -> dict[str, str]:
 
 async def stream_chat(
     http: httpx.AsyncClient, model: str, messages: list[dict[str, str]], max_tokens: int
-) -> _Result:
+) -> ChatResult:
     """One streamed, greedy chat request of `max_tokens` (`ignore_eos`) with usage: its TTFT
     and TPOT (seconds), completion, prompt and cached token counts. Raises ServerHTTPError
     for a non-200 answer, RuntimeError for an error event or a stream without content."""
@@ -134,7 +134,7 @@ async def stream_chat(
         cached = usage["prompt_tokens_details"].get("cached_tokens")
     if cached is None and timings and "cache_n" in timings:
         cached = int(timings["cache_n"])
-    return _Result(
+    return ChatResult(
         ttft=first - start,
         tpot=(last - first) / (n - 1) if n > 1 else None,
         completion_tokens=n,
@@ -158,13 +158,13 @@ def make_conversations(requests: int, prompt_tokens: int, system_prompt_tokens: 
     return conversations
 
 
-async def drive(one: Callable[[list[dict[str, str]]], Awaitable[_Result]],
+async def drive(one: Callable[[list[dict[str, str]]], Awaitable[ChatResult]],
                 conversations: list[list[dict[str, str]]], concurrency: int,
                 inputs: dict[str, Any]) -> dict[str, Any]:
     """Run `one(messages)` over the conversations, `concurrency` at a time, and summarize:
     `inputs` plus throughput, TTFT/TPOT percentiles, cached and prompt token counts."""
     pending = list(reversed(conversations))
-    results: list[_Result] = []
+    results: list[ChatResult] = []
 
     async def worker() -> None:
         while pending:
@@ -191,14 +191,14 @@ async def drive(one: Callable[[list[dict[str, str]]], Awaitable[_Result]],
     }
 
 
-async def _one_in_process(engine, messages: list[dict[str, str]], max_tokens: int) -> _Result:
+async def _one_in_process(engine, messages: list[dict[str, str]], max_tokens: int) -> ChatResult:
     from app.prompts import chat_prompt_ids
 
     ids = chat_prompt_ids(engine.tokenizer, messages)
     trace = await run_request(engine, ids, max_tokens)
     if not trace.token_times:
         raise RuntimeError("the engine generated no tokens")
-    return _Result(ttft=trace.ttft, tpot=trace.tpot, completion_tokens=len(trace.token_times),
+    return ChatResult(ttft=trace.ttft, tpot=trace.tpot, completion_tokens=len(trace.token_times),
                    prompt_tokens=len(ids), cached_tokens=trace.metrics.cached_tokens)
 
 

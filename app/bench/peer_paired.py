@@ -1,11 +1,14 @@
-"""One user, request by request: `tandem serve`, llama-server and the Python floor
-(`app.bench.python_floor`) all running at once, taking turns.
+"""Request by request (or, with `--concurrency N`, N requests at a time): `tandem serve`,
+llama-server and the Python floor (`app.bench.python_floor`) all running at once, taking turns.
 
 `app.bench.peer` runs each server alone for a whole round, a minute or more apart, and this
 machine's speed drifts more than that between rounds. Here a round is one request to each
 server, back to back (the order goes through the permutations), so drift cancels in the round's ratios: one
 streaming client, greedy, the same conversation for the three, each request's throughput its
 completion tokens over its wall time (TTFT included). Idle, the servers take no CPU.
+With `--concurrency N` a server's turn is N different conversations sent at once (the same N
+to each server), its throughput all their completion tokens over the turn's wall time, its
+TTFT and TPOT the medians over the N.
 
 Prints one JSON object: per system the median throughput (tok/s) and TTFT, and the median
 (with quartiles) of the per-round ratios to llama-server. With `--decode-gaps`, tandem and
@@ -22,7 +25,7 @@ that luck as much as the servers; `by_process` shows each process's median.
 usage: python -m app.bench.peer_paired [--model NAME] [--llama-server PATH] [--threads 2]
                                        [--rounds 24] [--max-tokens 128] [--no-floor]
                                        [--tandem-args "--spec off"] [--decode-gaps]
-                                       [--replicas 1]
+                                       [--replicas 1] [--concurrency 1]
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ import time
 
 import httpx
 
-from app.bench.http import SAMPLING, make_conversations, served_model, stream_chat
-from app.bench.peer import add_peer_args, llama_server_binary, llama_server_cmd, tandem_cmd
+from app.bench.http import SAMPLING, ChatResult, make_conversations, served_model, stream_chat
+from app.bench.peer import SEQS, add_peer_args, llama_server_binary, llama_server_cmd, tandem_cmd
 from app.bench.server_process import free_port, running
 from app.bench.stats import median
 
@@ -114,9 +117,22 @@ def process_order(systems: list[str], replicas: int, round_index: int) -> list[s
 def per_system(rounds: list[dict[str, dict[str, float]]],
                systems: list[str]) -> list[dict[str, dict[str, float]]]:
     """Rounds by process -> rounds by system (in `systems`' order): the mean of each system's
-    processes' `tok_s` and `ttft_ms`."""
+    processes' figures (`tok_s`, `ttft_ms` and, where measured, `tpot_ms`)."""
     return [{s: {k: statistics.fmean(m[k] for p, m in r.items() if system_of(p) == s)
-                 for k in ("tok_s", "ttft_ms")} for s in systems} for r in rounds]
+                 for k in next(iter(r.values()))} for s in systems} for r in rounds]
+
+
+def turn_result(results: list[ChatResult], wall_s: float) -> dict[str, float]:
+    """One server's turn in a round: the requests sent at once and their wall time (seconds)
+    -> `tok_s` (all their completion tokens over `wall_s`), and the medians of their TTFT and
+    TPOT (`ttft_ms`, `tpot_ms`; TPOT over the requests that have one, 0 if none has).
+    Raises ValueError for no requests or a wall time that is not positive."""
+    if not results or wall_s <= 0:
+        raise ValueError(f"{len(results)} request(s) in {wall_s} s")
+    tpots = [r.tpot * 1000 for r in results if r.tpot is not None]
+    return {"tok_s": sum(r.completion_tokens for r in results) / wall_s,
+            "ttft_ms": statistics.median(r.ttft * 1000 for r in results),
+            "tpot_ms": statistics.median(tpots) if tpots else 0.0}
 
 
 def summarize(rounds: list[dict[str, dict[str, float]]]) -> dict:
@@ -132,6 +148,8 @@ def summarize(rounds: list[dict[str, dict[str, float]]]) -> dict:
                  "ttft_ms_p50": {s: median([r[s]["ttft_ms"] for r in rounds], 1)
                                  for s in systems},
                  "ratio_to_llama_server": {}}
+    if "tpot_ms" in rounds[0][systems[0]]:
+        out["tpot_ms_p50"] = {s: median([r[s]["tpot_ms"] for r in rounds], 1) for s in systems}
     for s in systems:
         if s == BASELINE:
             continue
@@ -143,9 +161,9 @@ def summarize(rounds: list[dict[str, dict[str, float]]]) -> dict:
 
 
 async def _measure(urls: dict[str, str], models: dict[str, str], systems: list[str],
-                   replicas: int, rounds: int, prompt_tokens: int, max_tokens: int,
-                   seed: int) -> list[dict]:
-    conversations = make_conversations(rounds, prompt_tokens, 0, seed)
+                   replicas: int, rounds: int, concurrency: int, prompt_tokens: int,
+                   max_tokens: int, seed: int) -> list[dict]:
+    conversations = make_conversations(rounds * concurrency, prompt_tokens, 0, seed)
     timeout = httpx.Timeout(3600.0, connect=30.0)
     async with contextlib.AsyncExitStack() as stack:
         clients = {s: await stack.enter_async_context(httpx.AsyncClient(base_url=u,
@@ -155,13 +173,14 @@ async def _measure(urls: dict[str, str], models: dict[str, str], systems: list[s
             for _ in range(2):
                 await stream_chat(client, models[s], [{"role": "user", "content": "Hello"}], 16)
         results = []
-        for i, messages in enumerate(conversations):
+        for i in range(rounds):
+            batch = conversations[i * concurrency:(i + 1) * concurrency]
             one_round = {}
             for s in process_order(systems, replicas, i):
                 start = time.perf_counter()
-                r = await stream_chat(clients[s], models[s], messages, max_tokens)
-                one_round[s] = {"tok_s": r.completion_tokens / (time.perf_counter() - start),
-                                "ttft_ms": r.ttft * 1000}
+                done = await asyncio.gather(*(stream_chat(clients[s], models[s], m, max_tokens)
+                                              for m in batch))
+                one_round[s] = turn_result(done, time.perf_counter() - start)
             results.append(one_round)
         return results
 
@@ -178,11 +197,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="time the decodes of tandem and the floor (app.bench.decode_probe)")
     p.add_argument("--replicas", type=int, default=1,
                    help="processes per system, measured in turn in every round (default 1)")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="requests sent at once in each server's turn (default 1)")
     args = p.parse_args(argv)
     if args.rounds < 2:
         p.error("--rounds must be at least 2")
     if args.replicas < 1:
         p.error("--replicas must be at least 1")
+    if not 1 <= args.concurrency <= SEQS:
+        p.error(f"--concurrency must be 1 to {SEQS} (the servers' sequences)")
     path = str(resolve_model(args.model))
     binary = llama_server_binary(args.llama_server)
     extra = shlex.split(args.tandem_args)
@@ -202,13 +225,13 @@ def main(argv: list[str] | None = None) -> int:
                 urls[name] = stack.enter_context(running(line, port))
         models = {s: served_model(u) for s, u in urls.items()}
         rounds = asyncio.run(_measure(urls, models, list(commands), args.replicas,
-                                      args.rounds, args.prompt_tokens, args.max_tokens,
-                                      args.seed))
+                                      args.rounds, args.concurrency, args.prompt_tokens,
+                                      args.max_tokens, args.seed))
         stack.close()  # the servers stop, and the probes write their files
         gaps = gap_summary({s: read_probe(f) for s, f in probes.items()}) if probes else {}
     by_process = ({"by_process": {p: median([r[p]["tok_s"] for r in rounds], 1)
                                   for p in rounds[0]}} if args.replicas > 1 else {})
-    print(json.dumps({"scenario": "short_c1_paired", "model": args.model,
+    print(json.dumps({"scenario": f"short_c{args.concurrency}_paired", "model": args.model,
                       "threads": args.threads, "max_tokens": args.max_tokens,
                       "tandem_args": extra, "replicas": args.replicas,
                       "sampling": SAMPLING, **summarize(per_system(rounds, list(commands))),

@@ -128,7 +128,23 @@ def weights_facts(model: str | None) -> dict[str, Any] | None:
         return None
     verdict = repack_verdict(path)
     return {"model": Path(path).name, "repacked": verdict.repack, "reason": verdict.reason,
-            "weight_buffers": verdict.weight_buffers, **format_facts(path)}
+            "weight_buffers": verdict.weight_buffers, **format_facts(path),
+            "step_curve": curve_facts(Path(path).name, "llamacpp")}
+
+
+def curve_facts(model_name: str, backend: str) -> dict[str, Any] | None:
+    """The cached step-time curve of `model_name` on `backend` (`app.spec_profile`):
+    profile path and count, t(n)/t(1) at n = 2..8, the lowest acceptance at which a draft
+    pays and its length (`CachedCurve.break_even`; None: none pays), why it would be
+    measured again; None when none is cached."""
+    from app.spec_profile import cached_curve
+
+    c = cached_curve(model_name, backend)
+    if c is None:
+        return None
+    return {"path": str(c.path), "profiles": c.profiles,
+            "ratios": {str(n): r for n, r in c.ratios.items()},
+            "break_even": c.break_even(), "problem": c.problem}
 
 
 def format_facts(path: Path) -> dict[str, Any]:
@@ -206,6 +222,7 @@ def _print(f: dict[str, Any]) -> None:
             state = "on" if w["repacked"] else "off"
             line("weights", f"{w['model']}: {shown} (repacked weights {state}: {w['reason']})")
             line("weight format", _format_advice(w))
+            line("step-time curve", _curve_advice(w.get("step_curve")))
     else:
         line("llama.cpp", "not installed")
     if f.get("backend"):
@@ -226,6 +243,23 @@ def _format_advice(w: dict[str, Any]) -> str:
                 "steps in a larger file: compare with `tandem bench --workload prediction "
                 "--formats q8_0`")
     return f"{fmt} ({cost})" + (f"; converted: {copies}" if copies else "")
+
+
+def _curve_advice(c: dict[str, Any] | None) -> str:
+    """One line: the cached curve and what acceptance drafts need on it."""
+    if c is None:
+        return ("not measured yet (the first `tandem run`, `chat` or `serve` with speculation "
+                "on measures it, 1-6 s, and caches it)")
+    ratios = " · ".join(f"t({n})/t(1) {c['ratios'][n]:.2f}" for n in ("2", "4", "8"))
+    if c["break_even"] is None:
+        verdict = "no draft pays on it"
+    else:
+        a, k = c["break_even"]
+        verdict = (f"drafts pay above {a:.0%} acceptance per token ({k} at a time), so "
+                   "`--spec auto` drafts only where its estimate beats that")
+    more = f", newest of {c['profiles']} cached" if c["profiles"] > 1 else ""
+    stale = f"; measured again on next use: {c['problem']}" if c["problem"] else ""
+    return f"{ratios}{more}: {verdict}{stale}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+from app.bench.http import ChatResult
 from app.bench.peer_paired import (
     gap_summary,
     per_system,
@@ -19,6 +20,7 @@ from app.bench.peer_paired import (
     round_order,
     summarize,
     system_of,
+    turn_result,
 )
 
 SYSTEMS = ["tandem", "llama_server", "python_floor"]
@@ -117,3 +119,32 @@ def test_gap_summary_averages_replicas():
     probes = {"tandem": probe(400.0), "python_floor": probe(200.0), "tandem#2": probe(600.0),
               "python_floor#2": probe(250.0)}
     assert gap_summary(probes) == {"decode_gaps": probes, "gap_tandem_to_python_floor": 2.222}
+
+
+def test_a_turn_of_requests_sent_at_once():
+    results = [ChatResult(ttft=0.5, tpot=0.3, completion_tokens=128, prompt_tokens=70,
+                          cached_tokens=None),
+               ChatResult(ttft=1.5, tpot=0.31, completion_tokens=128, prompt_tokens=70,
+                          cached_tokens=None),
+               ChatResult(ttft=2.5, tpot=None, completion_tokens=1, prompt_tokens=70,
+                          cached_tokens=None)]
+    # 257 tokens in 10 s; TTFT median of 500, 1500, 2500; TPOT of the two that have one
+    assert turn_result(results, 10.0) == {"tok_s": 25.7, "ttft_ms": 1500.0, "tpot_ms": 305.0}
+    assert turn_result(results[2:], 2.0)["tpot_ms"] == 0.0
+    for bad in (([], 1.0), (results, 0.0)):
+        with pytest.raises(ValueError, match="request"):
+            turn_result(*bad)
+
+
+def test_summary_and_system_means_carry_tpot_when_measured():
+    rounds = [{"tandem": {"tok_s": 40.0, "ttft_ms": 900.0, "tpot_ms": 310.0},
+               "llama_server": {"tok_s": 50.0, "ttft_ms": 2000.0, "tpot_ms": 290.0},
+               "tandem#2": {"tok_s": 44.0, "ttft_ms": 1100.0, "tpot_ms": 330.0},
+               "llama_server#2": {"tok_s": 50.0, "ttft_ms": 2000.0, "tpot_ms": 300.0}}] * 2
+    by_system = per_system(rounds, ["tandem", "llama_server"])
+    assert by_system[0] == {"tandem": {"tok_s": 42.0, "ttft_ms": 1000.0, "tpot_ms": 320.0},
+                            "llama_server": {"tok_s": 50.0, "ttft_ms": 2000.0,
+                                             "tpot_ms": 295.0}}
+    s = summarize(by_system)
+    assert s["tpot_ms_p50"] == {"tandem": 320.0, "llama_server": 295.0}
+    assert s["ratio_to_llama_server"] == {"tandem": {"median": 0.84, "q1": 0.84, "q3": 0.84}}

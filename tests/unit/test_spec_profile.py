@@ -174,3 +174,60 @@ def test_exact_mode_has_a_curve_of_its_own(tmp_path):
     assert spec_profile.profile_key(model, "llamacpp", runner) == default
     runner.exact = True
     assert spec_profile.profile_key(model, "llamacpp", runner) != default
+
+
+def _write_profile(directory, name, model, backend, points, online=None, mtime=0.0):
+    import os
+
+    path = directory / name
+    path.write_text(json.dumps({"model": model, "backend": backend,
+                                "step_seconds": {str(n): t for n, t in points.items()},
+                                "online": online or {}}))
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+def test_the_cached_curve_doctor_shows_is_the_models_newest(monkeypatch, tmp_path):
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    profiles = tmp_path / "models" / "profiles"
+    profiles.mkdir(parents=True)
+    assert spec_profile.store_dir() == tmp_path / "models"
+    linear = {n: (10 + 5 * n) / 1000 for n in CORE}  # t(n) = 10 + 5n ms
+    _write_profile(profiles, "a.json", "m.gguf", "llamacpp", {1: 0.01, 2: 0.02}, mtime=100)
+    newest = _write_profile(profiles, "b.json", "m.gguf", "llamacpp", linear, mtime=200)
+    _write_profile(profiles, "c.json", "other.gguf", "llamacpp", linear, mtime=300)
+    _write_profile(profiles, "d.json", "m.gguf", "mlx", linear, mtime=400)
+    (profiles / "e.json").write_text("{")  # unreadable: skipped
+    c = spec_profile.cached_curve("m.gguf", "llamacpp")
+    assert (c.path, c.profiles, c.problem) == (newest, 2, None)
+    assert c.ratios == {2: 1.333, 3: 1.667, 4: 2.0, 5: 2.333, 6: 2.667, 7: 3.0, 8: 3.333}
+    # k = 1 pays above 1/3 (1 + a > 4/3); k = 2 needs 1 + a + a^2 > 5/3, a > 0.457
+    assert c.break_even() == (0.333, 1)
+    assert spec_profile.cached_curve("m.gguf", "fake") is None
+    # the engine has seen t(1) at 45 ms against 15 measured: doctor says it is stale
+    _write_profile(profiles, "f.json", "m.gguf", "llamacpp", linear, mtime=500,
+                   online={"1": {"1": [0.045, 50]}})
+    assert spec_profile.cached_curve("m.gguf", "llamacpp").problem == (
+        "the engine's steps took 45.0 ms for t(1), measured 15.0 ms")
+
+
+def test_break_even_takes_the_cheapest_draft_length():
+    def curve(**ratios):
+        full = {n: float(n) for n in range(2, 9)}  # t(n) = n t(1): nothing pays
+        full.update({int(k[1:]): r for k, r in ratios.items()})
+        return spec_profile.CachedCurve(None, 1, full, None)
+
+    assert curve().break_even() is None
+    assert curve(n2=1.5).break_even() == (0.5, 1)
+    assert curve(n2=2.0, n3=1.75).break_even() == (0.5, 2)  # 1 + a + a^2 = 1.75
+    assert curve(n2=1.9, n3=1.75).break_even() == (0.5, 2)  # k = 1 needs 90%
+
+
+def test_doctor_says_a_one_point_profile_is_measured_again(monkeypatch, tmp_path):
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    profiles = tmp_path / "models" / "profiles"
+    profiles.mkdir(parents=True)
+    _write_profile(profiles, "a.json", "m.gguf", "llamacpp", {1: 0.218})
+    c = spec_profile.cached_curve("m.gguf", "llamacpp")
+    assert c.problem == "1 point(s), t(2, 3, 4, 5, 6, 7, 8) missing"
+    assert c.ratios[2] == 2.0 and c.break_even() is None  # extrapolated: t(n) = n t(1)

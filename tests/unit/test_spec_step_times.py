@@ -27,11 +27,31 @@ def test_ewma_of_clipped_observations_replaces_the_point_after_min_samples():
     assert online.snapshot() == {1: {2: (pytest.approx(0.0179296875), 4)}}
     curve = online.curve(1)
     assert curve(2) == pytest.approx(0.0179296875)
-    assert (curve(1), curve(4), curve(3)) == (0.010, 0.040, pytest.approx(0.02896484375))
+    # the profile's other points scaled by 17.9296875 / 20: its shape at the engine's level
+    assert (curve(1), curve(4), curve(3)) == (pytest.approx(0.00896484375),
+                                              pytest.approx(0.0358593750),
+                                              pytest.approx(0.02689453125))
     # a move under 5% publishes nothing: the same curve, the same version
     online.observe(2, 1, 0.0185)
     assert online.version == version + 1 and online.curve(1) is curve
     assert online.snapshot()[1][2] == (pytest.approx(0.0179296875 + (0.0185 - 0.0179296875) / 8), 5)
+
+
+def test_a_busy_profiles_shape_is_kept_at_the_observed_level():
+    """The Qwen2.5-Coder-1.5B profile found here: measured while another process loaded a
+    model (t(1) 53 ms), then t(1) observed at 36.1 ms over 73 steps. Pairing that t(1) with
+    the busy t(2..8) gave t(2)/t(1) 2.81 and t(8)/t(1) 12.1, and `auto` never drafted."""
+    busy = {1: 0.0530, 2: 0.1016, 3: 0.1422, 4: 0.1882, 8: 0.4370}
+    online = OnlineStepTimes(busy, {1: {1: (0.0361, 73), 2: (0.0700, 3)}})  # t(2): 3 only
+    curve = online.curve(1)
+    assert curve(1) == 0.0361
+    assert {n: round(curve(n) / curve(1), 3) for n in (2, 3, 4, 8)} == {
+        2: 1.917, 3: 2.683, 4: 3.551, 8: 8.245}  # the profile's own ratios
+    # once t(2) counts, t(3) follows the nearer estimate: x 0.068 / 0.1016
+    online.observe(2, 1, 0.068)
+    curve = online.curve(1)
+    assert (curve(1), curve(2)) == (0.0361, pytest.approx(0.06975))
+    assert curve(3) == pytest.approx(0.1422 * 0.06975 / 0.1016)
 
 
 def test_the_first_observation_is_clipped_against_the_profile():
@@ -49,7 +69,9 @@ def test_each_batch_bucket_has_its_own_curve():
     for _ in range(4):
         online.observe(3, 2, 0.050)  # two sequences, three tokens
     two = online.curve(2)
-    assert (two(2), two(3), two(4)) == (0.020, 0.050, 0.050)  # made non-decreasing
+    # 50 ms observed where the profile has 30 (interpolated): its points x 5/3
+    assert (two(2), two(3), two(4)) == (pytest.approx(0.020 * 5 / 3), 0.050,
+                                        pytest.approx(0.040 * 5 / 3))
     assert online.curve(1)(3) == 0.030 and online.curve(3)(3) == 0.030  # the profile's
     online.observe(0, 1, 0.01)  # nothing computed, or no time: ignored
     online.observe(1, 1, 0.0)
