@@ -30,7 +30,7 @@ import msgpack
 from backends.base import KV_TRANSFER_DTYPES, kv_row_bytes
 
 MAGIC = b"TDKV"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the QUEUE frame and q8_0 KV (docs/two-box.md, "Versions")
 PREFIX = struct.Struct("<4sBBHIQ")  # magic, version, type, flags, header_len, payload_len
 TAG_BYTES = 16
 MAX_HEADER_BYTES = 1 << 20  # a PREFILL header carries the token ids (<= 5 bytes each)

@@ -55,7 +55,7 @@ class FakeWorker:
         if b == "version":
             await wire.read_frame(reader)  # HELLO
             frame = wire.encode(FrameType.READY, {})
-            writer.write(frame[:4] + bytes([2]) + frame[5:])
+            writer.write(frame[:4] + bytes([wire.PROTOCOL_VERSION + 1]) + frame[5:])
             await writer.drain()
             await reader.read()  # until the decode box hangs up
             return

@@ -294,7 +294,8 @@ def test_worker_survives_a_bad_peer(local, split, worker, name, code):
     hello = wire.encode(FrameType.HELLO, {"nonce": nonce, "fingerprint": theirs})
     first = {
         "garbage": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + os.urandom(100),
-        "forged_length": wire.PREFIX.pack(b"TDKV", 1, 1, 0, 10, 8 << 30),  # an 8 GiB HELLO
+        # an 8 GiB HELLO
+        "forged_length": wire.PREFIX.pack(b"TDKV", wire.PROTOCOL_VERSION, 1, 0, 10, 8 << 30),
         "version": hello[:4] + bytes([9]) + hello[5:],
         "bad_tag": hello[:-1] + bytes([hello[-1] ^ 1]),
     }.get(name, hello)

@@ -21,15 +21,15 @@ K = np.array([1.0, 2.0], np.float16).tobytes()  # 00 3c 00 40
 V = np.array([-1.0, -2.0], np.float16).tobytes()  # 00 bc 00 c0
 CHUNK = KVChunk(request=7, chunk=1, layer=2, first_pos=16, n_tokens=1, kv_heads=1,
                 head_dim=2, k=K, v=V)
-# prefix: magic "TDKV", version 1, type 7, flags 0, header 75 bytes, payload 8 bytes
+# prefix: magic "TDKV", version 2, type 7, flags 0, header 75 bytes, payload 8 bytes
 GOLDEN_KV = bytes.fromhex(
-    "54444b5601070000" "4b000000" "0800000000000000"
+    "54444b5602070000" "4b000000" "0800000000000000"
     "88a77265717565737407a56368756e6b01a56c6179657202a966697273745f706f7310a86e5f746f6b656e"
     "7301a56474797065a3663136a86b765f686561647301a8686561645f64696d02"
     "003c0040" "00bc00c0"
-    "849c95d28db251f7b995b0af594f5107")
-GOLDEN_READY = bytes.fromhex("54444b5601040000" "01000000" "0000000000000000" "80"
-                             "5eb79d407b1c3675a6c0359a3c429dd1")
+    "bfd81021982a39783cb0bcd6c92699f0")
+GOLDEN_READY = bytes.fromhex("54444b5602040000" "01000000" "0000000000000000" "80"
+                             "6edb57cd205e732bb205d673a49a667b")
 
 
 def _join(parts) -> bytes:
@@ -38,9 +38,9 @@ def _join(parts) -> bytes:
 
 # QUEUE {request 7, peers_ahead 1, tokens_ahead 300}: type 10, header 39 bytes, no payload
 GOLDEN_QUEUE = bytes.fromhex(
-    "54444b56010a0000" "27000000" "0000000000000000"
+    "54444b56020a0000" "27000000" "0000000000000000"
     "83a77265717565737407ab70656572735f616865616401ac746f6b656e735f6168656164cd012c"
-    "3a77a7edbdd7ee1aabd9152fea496288")
+    "d54862d35a9bb98b786c11b4dcf0cdf6")
 
 
 def test_golden_vectors():
@@ -62,12 +62,12 @@ def test_golden_vectors():
 # then 32 int8): K d = 0.5, quants 0..31; V d = -0.25, quants 0, -1, ..., -31. Header 76 bytes
 # (dtype "q8_0"), payload 2 x 34 bytes.
 GOLDEN_KV_Q8_0 = bytes.fromhex(
-    "54444b5601070000" "4c000000" "4400000000000000"
+    "54444b5602070000" "4c000000" "4400000000000000"
     "88a77265717565737407a56368756e6b01a56c6179657202a966697273745f706f7310a86e5f746f6b656e"
     "7301a56474797065a471385f30a86b765f686561647301a8686561645f64696d20"
     "0038" "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
     "00b4" "00fffefdfcfbfaf9f8f7f6f5f4f3f2f1f0efeeedecebeae9e8e7e6e5e4e3e2e1"
-    "4bf5d49c827bfbff711aea6d623e10e4")
+    "6cc0d09e99bf0db4223ce473f6fdea77")
 
 
 def test_golden_q8_0_kv_frame():
@@ -140,10 +140,11 @@ async def test_flipped_bit_or_wrong_key_fails_the_tag(at):
 
 
 async def test_version_mismatch_is_refused_first():
-    v2 = GOLDEN_KV[:4] + b"\x02" + b"\xff" * 40  # the rest is not v1 and is not read
+    v1 = GOLDEN_KV[:4] + b"\x01" + b"\xff" * 40  # the rest is not v2 and is not read
     with pytest.raises(ProtocolError) as e:
-        await _read(v2)
-    assert (e.value.code, e.value.detail) == ("version", "2")
+        await _read(v1)
+    assert (e.value.code, e.value.detail) == ("version", "1")
+    assert str(e.value) == "peer speaks protocol 1, this side 2"
 
 
 @pytest.mark.parametrize("cut", [0, 1, 19, 20, 94, 95, 102, len(GOLDEN_KV) - 1])
@@ -158,8 +159,8 @@ async def test_truncated_frames(cut):
 
 @pytest.mark.parametrize("data, code", [
     (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "magic"),
-    (b"TDKV\x01\x63" + bytes(14), "type"),
-    (b"TDKV\x01\x04\x01\x00" + bytes(12), "header"),  # unknown flags
+    (b"TDKV\x02\x63" + bytes(14), "type"),
+    (b"TDKV\x02\x04\x01\x00" + bytes(12), "header"),  # unknown flags
 ])
 async def test_garbage_is_refused(data, code):
     with pytest.raises(ProtocolError) as e:
@@ -287,7 +288,7 @@ async def test_different_model_names_the_field():
 
 async def test_version_mismatch_and_garbage_get_an_error_frame():
     hello = wire.encode(FrameType.HELLO, {"nonce": b"n" * 32, "fingerprint": FP.to_dict()},
-                        version=2)
+                        version=1)  # a tandem from before the QUEUE frame
     reply, server = await _pair(b"", b"", hello=hello)
     assert reply.type == FrameType.ERROR and reply.header["code"] == "version"
     assert server.code == "version"
