@@ -105,7 +105,11 @@ class StepProfile:
 
 def _read(path: Path) -> tuple[dict[int, float], Online]:
     """(points, online) of a profile file. Raises OSError, ValueError, KeyError, TypeError."""
-    body = json.loads(path.read_text())
+    return _parse(json.loads(path.read_text()))
+
+
+def _parse(body: dict) -> tuple[dict[int, float], Online]:
+    """(points, online) of a profile file's JSON. Raises ValueError, KeyError, TypeError."""
     points = {int(n): float(t) for n, t in body["step_seconds"].items()}
     online = {int(b): {int(n): (float(t), int(c)) for n, (t, c) in pts.items()}
               for b, pts in body.get("online", {}).items()}
@@ -204,7 +208,7 @@ def cached_curve(model_name: str, backend: str) -> CachedCurve | None:
             body = json.loads(path.read_text())
             if (body.get("model"), body.get("backend")) != (model_name, backend):
                 continue
-            points, online = _read(path)
+            points, online = _parse(body)
             curve = OnlineStepTimes(points, online).curve(1)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
