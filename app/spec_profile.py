@@ -44,7 +44,7 @@ Online = dict[int, dict[int, tuple[float, int]]]
 def profile_key(model_path: Path, backend: str, runner: Runner) -> str:
     """Identifies what the curve depends on: the model file (name, size: its weight
     format), backend, KV layout, threads, repacked weights or not (llama.cpp: 1.13-1.43x
-    faster steps), KV cache type, exact mode, machine (host, CPU, cores)."""
+    faster steps), KV cache type, exact mode, flash attention off, machine (host, CPU, cores)."""
     st = model_path.stat() if model_path.exists() else None
     parts = [PROFILE_VERSION, model_path.name, st.st_size if st else 0, backend,
              getattr(runner, "kv_layout", None), getattr(runner, "n_threads", None),
@@ -55,6 +55,8 @@ def profile_key(model_path: Path, backend: str, runner: Runner) -> str:
         parts.append(kv_cache_type)
     if getattr(runner, "exact", False):  # another library and no flash attention: other times
         parts.append("exact")
+    elif getattr(runner, "flash_attn", "auto") == "off":  # its own attention kernels
+        parts.append("flash-attn-off")
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 

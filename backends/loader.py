@@ -20,6 +20,10 @@ def _choose(requested: str | None) -> str:
     return choice[0] if isinstance(choice, tuple) else choice
 
 
+FLASH_ATTN_NOT_ON_MLX = ("--flash-attn is for the llamacpp backend; the MLX backend runs "
+                         "mlx-lm's own attention")
+
+
 def load_runner(path: str | Path, *, backend: str | None = None,
                 config: RunnerConfig | None = None) -> tuple[Runner, str]:
     """Returns (runner, backend name) for the model file or MLX directory `path`.
@@ -27,7 +31,8 @@ def load_runner(path: str | Path, *, backend: str | None = None,
     `config.seq_tokens`, `kv_layout` and `flash_attn` are llama.cpp's (see LlamaCppRunner);
     MLX has one paged pool of `kv_tokens`, f16 or q8_0 (MLX 8-bit affine, see MLXRunner) as
     `kv_cache_type` says. `block_size` None means the runner's (llama.cpp 8, MLX 16). Raises
-    FileNotFoundError / ValueError (bad model, or q4_0 KV on MLX), ImportError (mlx missing).
+    FileNotFoundError / ValueError (bad model, or q4_0 KV or a `flash_attn` other than auto on
+    MLX), ImportError (mlx missing).
     """
     config = config or RunnerConfig()
     name = _choose(backend)
@@ -36,6 +41,8 @@ def load_runner(path: str | Path, *, backend: str | None = None,
             from backends.llamacpp.exact import NOT_ON_MLX
 
             raise ValueError(NOT_ON_MLX)
+        if config.flash_attn != "auto":
+            raise ValueError(FLASH_ATTN_NOT_ON_MLX)
         from backends.mlx.runner import check_kv_cache_type, load_mlx_runner
 
         check_kv_cache_type(config.kv_cache_type)  # before mlx is imported: mlx may be missing

@@ -4,6 +4,8 @@ against speculation off measured in the same run (`tandem bench --spec ...`).
 Workloads:
 - code-edit: "rename this variable in the code below" (copy-heavy: n-gram drafts);
 - prediction: the same requests with the original code as OpenAI `prediction`;
+- file-edit: Predicted Outputs on a 200-line file, one rename per request, the whole file
+  as the prediction (`app.bench.file_edit`);
 - free: free writing (few useful drafts);
 - agent-loop: a coding agent's tool loop, 10 turns per conversation, each turn's prompt the
   conversation so far (`app.bench.agent_loop`); one conversation per user, turns in order,
@@ -22,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from app.bench import file_edit
 from app.bench.agent_loop import SCRIPTS, Conversations
 from app.bench.charts import ChartContext, bar_panel, figure, save, suptitle
 from app.bench.stats import ratio
@@ -62,7 +65,7 @@ CODE = [
 RENAMES = [("subtotal", "net"), ("count", "value")]
 TOPICS = ["a lighthouse keeper", "a robot learning to paint", "a city under the sea",
           "the last day of summer", "a dragon who collects clocks", "a train that never stops"]
-WORKLOADS = ("code-edit", "prediction", "free", "agent-loop", "chat")
+WORKLOADS = ("code-edit", "prediction", "file-edit", "free", "agent-loop", "chat")
 FollowUp = Callable[[int, list[list[int]]], "tuple[list[int], SamplingParams] | None"]
 
 
@@ -78,6 +81,9 @@ def requests_for(workload: str, runner: Runner, n: int, max_tokens: int
         if workload == "free":
             text = f"Write a short story about {TOPICS[i % len(TOPICS)]}."
             prediction = None
+        elif workload == "file-edit":
+            text, block = file_edit.prompt_text(i)
+            prediction = runner.tokenizer.encode(block)
         else:
             code = CODE[i % len(CODE)]
             old, new = RENAMES[i % len(RENAMES)]
@@ -155,18 +161,20 @@ def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context:
 def run_spec_bench(runner: Runner, curve: StepTimeCurve, workloads, levels, modes,
                    max_tokens: int, emit: Callable[[dict], None],
                    draft: tuple[Runner, StepTimeCurve] | None = None,
-                   suffix_tokens: int = 1 << 15) -> list[dict]:
+                   suffix_tokens: int = 1 << 15, num_draft_tokens: int = 8) -> list[dict]:
     """Every (workload, concurrency) cell: each mode, ratio against off, and whether every
-    mode gave off's tokens (`same_tokens`)."""
+    mode gave off's tokens (`same_tokens`). Each cell's context: the longest prompt plus
+    `max_tokens`, at least 2048, at most the runner's slot."""
     results = []
-    context = min(runner.max_seq_tokens, 2048)
     for workload in workloads:
         for c in levels:
             reqs = requests_for(workload, runner, c, max_tokens)
+            longest = max(len(prompt) for prompt, _ in reqs)
+            context = min(runner.max_seq_tokens, max(2048, longest + max_tokens))
             follow = (Conversations(runner.tokenizer, max_tokens, SCRIPTS[workload]).follow
                       if workload in SCRIPTS else None)
-            cells = {m: run_cell(runner, reqs, m, curve, context, draft=draft, follow=follow,
-                                 suffix_tokens=suffix_tokens)
+            cells = {m: run_cell(runner, reqs, m, curve, context, num_draft_tokens,
+                                 draft=draft, follow=follow, suffix_tokens=suffix_tokens)
                      for m in ("off", *modes)}
             base = cells["off"]
             for cell in cells.values():

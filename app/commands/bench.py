@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from app.commands.common import add_model_args, fail, load_engine, positive_int, user_errors
-from app.commands.engine_flags import non_negative_int
+from app.commands.engine_flags import default_of, non_negative_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,8 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: off)")
     p.add_argument("--workload", default=None,
                    help="speculative-decoding benchmark: comma-separated workloads "
-                        "(code-edit, prediction, free, agent-loop, chat); --spec is then a "
-                        "comma-separated list of modes, each compared with off in the same run "
+                        "(code-edit, prediction, file-edit, free, agent-loop, chat); --spec is "
+                        "then a comma-separated list of modes, each compared with off in the "
+                        "same run "
                         "(app/bench/spec.py). With json-schema: the structured-output "
                         "benchmark (json-schema,free: constrained vs unconstrained, forced "
                         "drafts on and off, under --spec; app/bench/structured.py) "
@@ -265,8 +266,13 @@ def _spec_model(args: argparse.Namespace, path: Path, levels: list[int], workloa
     from backends.loader import load_runner
 
     # the split layout: output independent of batch shape, so every mode's tokens match
-    runner_config = RunnerConfig(max_seqs=max(levels), seq_tokens=2048, kv_layout="split",
+    # file-edit's prompt is a 200-line file (~1,900 tokens) and its reply the file again
+    seq_tokens = 4096 if "file-edit" in workloads else 2048
+    if args.ctx_size != default_of("runner.seq_tokens"):
+        seq_tokens = args.ctx_size
+    runner_config = RunnerConfig(max_seqs=max(levels), seq_tokens=seq_tokens, kv_layout="split",
                                  n_threads=args.threads, kv_cache_type=args.kv_cache_type,
+                                 flash_attn=args.flash_attn, repack=args.repack,
                                  exact=args.exact)
     runner, backend = load_runner(path, backend=args.backend, config=runner_config)
     tag = {"format": fmt} if fmt else {}
@@ -304,7 +310,8 @@ def _spec_model(args: argparse.Namespace, path: Path, levels: list[int], workloa
                                  args.max_tokens, emit=emit)
             return None
         rows = run_spec_bench(runner, curve, workloads, levels, modes, args.max_tokens,
-                              emit=emit, draft=draft, suffix_tokens=args.suffix_tokens)
+                              emit=emit, draft=draft, suffix_tokens=args.suffix_tokens,
+                              num_draft_tokens=args.num_draft_tokens)
         return [{**tag, **r} for r in rows]
     finally:
         runner.close()
@@ -333,6 +340,9 @@ def _spec(args: argparse.Namespace, levels: list[int]) -> int:
         return fail("the structured-output benchmark takes one --spec mode")
     if formats and args.png:
         return fail("--png draws one format's cells; leave it out with --formats")
+    if args.kv_layout not in ("split", default_of("runner.kv_layout")):
+        return fail("the speculative and structured benchmarks run the split KV layout (every "
+                    "mode's tokens comparable); leave out --kv-layout")
     try:
         if args.exact:  # before `_converted` (llama.cpp's quantizer) loads llama.cpp
             from backends.llamacpp.exact import select_library

@@ -76,6 +76,12 @@ KV_CACHE_TYPE = Flag("--kv-cache-type", "runner.kv_cache_type", "KV cache values
                      "8-bit affine quantization, group 64) or q4_0 (a quarter, lossier; "
                      "llama.cpp only); on llama.cpp a quantized cache turns flash attention "
                      "on (README, \"KV cache quantization\")", choices=KV_CACHE_TYPES)
+FLASH_ATTN = Flag("--flash-attn", "runner.flash_attn", "llama.cpp flash attention: auto "
+                  "(llama.cpp decides: on for the CPU, as llama-server), on, off. On a CPU "
+                  "a step of n tokens with it on reads the whole KV cache once per token, so "
+                  "off makes long-context verify steps cheaper (README, \"Predicted "
+                  "Outputs on a whole file\"); a quantized KV cache needs it",
+                  choices=("auto", "on", "off"))
 EXACT = Flag("--exact", "runner.exact", "logits independent of how steps are grouped: the "
              "same tokens batched or alone, cached or cold, with speculation or without "
              "(flash attention and repacked weights off, llama.cpp built without tinyBLAS: "
@@ -103,7 +109,8 @@ SUFFIX_TOKENS = Flag("--suffix-tokens", "spec.suffix_tokens", "memory cap of the
                      metavar="N")
 
 # the flags every command that loads a model takes
-COMMON = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_LAYOUT, KV_CACHE_TYPE, REPACK, EXACT, SPEC,
+COMMON = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_LAYOUT, KV_CACHE_TYPE, FLASH_ATTN, REPACK, EXACT,
+          SPEC,
           DRAFT_MODEL, NUM_DRAFT_TOKENS, SUFFIX_TOKENS)
 
 

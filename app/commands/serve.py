@@ -104,7 +104,8 @@ def kv_line(d: dict) -> str | None:
     if d["kv_budget_bytes"] is None:  # MLX: one paged pool shared by all sequences
         return (f"tandem: paged KV ({d['kv_cache_type']}): {d['kv_tokens']} tokens shared by "
                 f"{d['max_seqs']} sequences, {gib:.2f} GiB")
-    exact = ", exact mode" if d["exact"] else ""
+    exact = (", exact mode" if d["exact"] else
+             ", flash attention off" if d.get("flash_attn") == "off" else "")
     return (f"tandem: {d['kv_layout']} KV ({d['kv_cache_type']}{exact}): {d['max_seqs']} "
             f"sequences x {d['context_length']} tokens, {gib:.1f} GiB (budget "
             f"{d['kv_budget_bytes'] / 2**30:.1f} GiB, 1/8 of memory)")

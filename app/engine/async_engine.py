@@ -126,6 +126,7 @@ class AsyncEngine:
             "kv_bytes": getattr(runner, "kv_bytes", None),
             "kv_cache_type": getattr(runner, "kv_cache_type", "f16"),
             "flash_attn_forced": getattr(runner, "flash_attn_forced", False),
+            "flash_attn": getattr(runner, "flash_attn", None),
             "kv_budget_bytes": getattr(runner, "kv_budget_bytes", None),
             "block_size": runner.block_size,
             "kv_tokens": runner.num_blocks * runner.block_size,

@@ -27,9 +27,12 @@ def test_each_cell_is_compared_with_the_fastest_plain_format_of_that_cell() -> N
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--workload", "json-schema", "--formats", "q8_0"],
-     "tandem: error: --formats is for the speculative workloads (code-edit, prediction, free, agent-loop, chat)\n"),
+     "tandem: error: --formats is for the speculative workloads (code-edit, prediction, file-edit, free, agent-loop, chat)\n"),
     (["--workload", "prediction", "--formats", "q8_0", "--png", "x.png"],
      "tandem: error: --png draws one format's cells; leave it out with --formats\n"),
+    (["--workload", "file-edit", "--kv-layout", "unified"],
+     "tandem: error: the speculative and structured benchmarks run the split KV layout (every "
+     "mode's tokens comparable); leave out --kv-layout\n"),
 ])
 def test_refusals(argv: list[str], message: str, capsys) -> None:
     assert main(["bench", *argv]) == 1

@@ -79,6 +79,19 @@ def test_errors_name_the_flag(flag: str, value: str, message: str) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
+    (["--flash-attn", "off", "--kv-cache-type", "q8_0"],
+     "--kv-cache-type q8_0 needs flash attention (llama.cpp quantizes the V cache only with "
+     "it), which is off"),
+    (["--flash-attn", "off", "--backend", "mlx"],
+     "--flash-attn is for the llamacpp backend; the MLX backend runs mlx-lm's own attention"),
+])
+def test_flash_attention_settings_that_cannot_apply(args: list[str], message: str) -> None:
+    r = tandem("run", "hi", "--model", "smollm2-135m-instruct", *args)
+    assert r.returncode != 0
+    assert message in r.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
     (["hi", "--raw", "--system", "be brief"],
      "--system needs the chat template, which --raw skips; put the system text in the raw "
      "prompt instead"),

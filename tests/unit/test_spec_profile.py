@@ -176,6 +176,20 @@ def test_exact_mode_has_a_curve_of_its_own(tmp_path):
     assert spec_profile.profile_key(model, "llamacpp", runner) != default
 
 
+def test_flash_attention_off_has_a_curve_of_its_own(tmp_path):
+    """Without flash attention a multi-token step costs another share of one (README,
+    "Predicted Outputs on a whole file"); auto and on keep the key profiles had."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    runner = FakeRunner(num_blocks=8, block_size=1)
+    default = spec_profile.profile_key(model, "llamacpp", runner)
+    keys = {}
+    for fa in ("auto", "on", "off"):
+        runner.flash_attn = fa
+        keys[fa] = spec_profile.profile_key(model, "llamacpp", runner)
+    assert keys["auto"] == keys["on"] == default != keys["off"]
+
+
 def _write_profile(directory, name, model, backend, points, online=None, mtime=0.0):
     import os
 

@@ -14,6 +14,13 @@ engine cuts them at the first token the grammar forbids. The controller rates fo
 positions by their own estimate (prior `FORCED_PRIOR`), so they are drafted where n-gram
 drafts would not pay.
 
+A sequence whose drafts the controller declines still learns what they would have done:
+the declined drafts are kept as a shadow and scored against the tokens the sequence then
+emits, one observation per shadow, as a verification would have scored them (`_shadow`). A
+prediction is proposed for this even where the step's bound skips the proposers. Without
+it, a kind of draft whose prior is too low to pay on a steep curve is never tried, so never
+found to pay (a whole-file prediction accepted at 97% sat at its 90% prior).
+
 Every decode step of a sequence that verifies no draft is counted under one reason
 (`NO_DRAFT_REASONS`, `SpecStats.no_draft`, the request's `metrics.no_draft`), and the
 server's log says, at info level, each time the reason of a step without drafts changes.
@@ -143,10 +150,11 @@ class Speculator:
         self.context_length = context_length
         self.equal_split = equal_split
         self.max_k = config.num_draft_tokens
+        self.prediction = PredictionProposer()
         self.suffix = (SuffixProposer(SuffixIndex(config.suffix_tokens))
                        if config.suffix_tokens and config.mode != "draft" else None)
         self.proposers: list[Proposer] = (
-            [] if config.mode == "draft" else [PredictionProposer(), NgramProposer()])
+            [] if config.mode == "draft" else [self.prediction, NgramProposer()])
         if self.suffix is not None:
             self.proposers.append(self.suffix)
         self.forced = ForcedProposer() if config.forced_drafts else None
@@ -200,12 +208,17 @@ class Speculator:
                     tokens = self.forced.propose(r, self._cap(r))
                     if tokens:
                         forced[r] = tokens
+        for r in eligible:
+            self._score_shadow(r)
         curve = self._step_curve(len(running) + len(waiting))
         if self.config.fixed_k is None and eligible:
             why = self._may_pay(curve, running, waiting, budget, forced)
             if why is not None:
                 for r in eligible:
                     reasons[r] = why
+                    if (why == "no_gain" and r.params.prediction and r not in forced
+                            and self.prediction in self.proposers):
+                        self._shadow(r, "prediction", self.prediction.propose(r, self._cap(r)))
                 self._count(reasons, drafted=False)
                 return
         left = budget
@@ -261,10 +274,13 @@ class Speculator:
             if k:
                 r.spec_token_ids = drafts[:k]
                 r.spec_state["source"] = kind
+                r.spec_state.pop("shadow", None)  # the verification will tell
                 if n_forced:
                     r.spec_state["forced"] = min(n_forced, k)
             else:
                 reasons[r] = "no_gain"
+                if not n_forced and kind != "draft":
+                    self._shadow(r, kind, drafts)
                 # not tried: let what is known fade towards the prior, slowly, so that a
                 # kind of draft that did badly once is tried again some time later
                 for name in {kind, FORCED} if n_forced else (kind,):
@@ -290,6 +306,32 @@ class Speculator:
             if best is None or match > best[0]:
                 best = (match, proposer.kind(r), drafts)
         return None if best is None else best[1:]
+
+    def _shadow(self, r: Request, kind: str, drafts: list[int]) -> None:
+        """Keep `drafts` of `kind`, declined this step, as `r`'s shadow (unless one is still
+        open): `_score_shadow` scores them against the tokens `r` emits next."""
+        if drafts and "shadow" not in r.spec_state:
+            r.spec_state["shadow"] = (kind, r.num_output_tokens, list(drafts))
+
+    def _score_shadow(self, r: Request) -> None:
+        """Once `r`'s output settles its shadow (a token differs from the draft at its
+        position, or every draft token has been matched), learn from it as from a
+        verification of those drafts: `_learn(kind, drafted, accepted)`. Nothing enters
+        the statistics of drafted tokens."""
+        shadow = r.spec_state.get("shadow")
+        if shadow is None:
+            return
+        kind, start, drafts = shadow
+        first = r.num_prompt_tokens + start
+        emitted = r.token_ids[first:first + len(drafts)]
+        accepted = 0
+        while accepted < len(emitted) and emitted[accepted] == drafts[accepted]:
+            accepted += 1
+        if accepted == len(emitted) < len(drafts):
+            return  # matching so far: not settled yet
+        del r.spec_state["shadow"]
+        self._learn(r, kind, len(drafts), accepted)
+        self._refresh_ceiling(r)
 
     def no_draft(self, r: Request, reason: str) -> None:
         """Count one more step of `r` without drafts under `reason` (one of REASONS): for
@@ -468,9 +510,7 @@ class Speculator:
             r.metrics.num_accepted_forced_tokens += accepted
         if num_drafted > n_forced and num_accepted >= n_forced:
             self._learn(r, name, num_drafted - n_forced, num_accepted - n_forced)
-        r.spec_state["ceiling"] = max((est.ceiling() for key, est in r.spec_state.items()
-                                       if key.startswith("estimate:")
-                                       and key != "estimate:" + FORCED), default=0.0)
+        self._refresh_ceiling(r)
         s = self.stats
         s.drafts += 1
         s.draft_tokens += num_drafted
@@ -481,6 +521,12 @@ class Speculator:
             accepted = max(num_accepted - n_forced, 0)
             r.metrics.accepted_prediction_tokens += accepted
             r.metrics.rejected_prediction_tokens += num_drafted - n_forced - accepted
+
+    @staticmethod
+    def _refresh_ceiling(r: Request) -> None:
+        r.spec_state["ceiling"] = max((est.ceiling() for key, est in r.spec_state.items()
+                                       if key.startswith("estimate:")
+                                       and key != "estimate:" + FORCED), default=0.0)
 
     def _learn(self, r: Request, kind: str, num_drafted: int, num_accepted: int) -> None:
         self._estimate(r, kind).observe(num_drafted, num_accepted)
