@@ -1,6 +1,6 @@
 """The `file-edit` workload of the speculative benchmark: OpenAI Predicted Outputs on a whole
 file, the way an editor sends an edit. A 200-line Python module, one rename per request
-(an identifier used 3-5 times), the reply asked to be the whole file, and the file itself as
+(an identifier used 4 or 5 times), the reply asked to be the whole file, and the file itself as
 the `prediction`: nearly every output token is a copy, so drafts are long and mostly
 accepted. Each user renames something else (`RENAMES`, in turn).
 """

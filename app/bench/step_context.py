@@ -59,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="a .gguf file")
     p.add_argument("--flash-attn", default="on,off", help="comma-separated: auto, on, off")
     p.add_argument("--contexts", default="256,1024,2200", help="comma-separated tokens")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None,
+                   help="llama.cpp threads (default: all available CPUs)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="passes over the points; each point's fastest counts (default: 3)")
     args = p.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",") if c]
     for fa in [f for f in args.flash_attn.split(",") if f]:

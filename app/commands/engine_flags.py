@@ -110,8 +110,7 @@ SUFFIX_TOKENS = Flag("--suffix-tokens", "spec.suffix_tokens", "memory cap of the
 
 # the flags every command that loads a model takes
 COMMON = (MODEL, BACKEND, CTX_SIZE, THREADS, KV_LAYOUT, KV_CACHE_TYPE, FLASH_ATTN, REPACK, EXACT,
-          SPEC,
-          DRAFT_MODEL, NUM_DRAFT_TOKENS, SUFFIX_TOKENS)
+          SPEC, DRAFT_MODEL, NUM_DRAFT_TOKENS, SUFFIX_TOKENS)
 
 
 def default_of(field: str, defaults: EngineArgs | None = None) -> Any:

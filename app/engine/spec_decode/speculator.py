@@ -217,6 +217,7 @@ class Speculator:
                 for r in eligible:
                     reasons[r] = why
                     if (why == "no_gain" and r.params.prediction and r not in forced
+                            and "shadow" not in r.spec_state
                             and self.prediction in self.proposers):
                         self._shadow(r, "prediction", self.prediction.propose(r, self._cap(r)))
                 self._count(reasons, drafted=False)
