@@ -13,7 +13,11 @@ Workloads:
 - chat: a multi-turn chat, 6 turns, each asking to change the function the previous reply
   wrote (`app.bench.agent_loop.CHAT`), run like agent-loop.
 Each (workload, concurrency) cell runs every mode back to back on one runner through the
-synchronous engine, greedy, in the split KV layout. `same_tokens` says whether a mode gave
+synchronous engine, greedy, in the split KV layout. Mode `oracle` (bench only) is `auto`
+with each request's `prediction` the tokens `off` gave it: what drafting reaches on this
+machine's step-time curve when every draft is right, the ceiling any proposer has on the
+workload. `prompt_step_s` is the part of a cell's wall time spent in steps that computed a
+prompt chunk (a conversation's later turns), which no draft shortens. `same_tokens` says whether a mode gave
 off's tokens: by default a verify step's logits can differ from one-token steps' (README,
 "Grouping invariance"), so a near tie may flip; with `--exact` every mode must agree.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from app.bench import file_edit
@@ -66,6 +71,7 @@ RENAMES = [("subtotal", "net"), ("count", "value")]
 TOPICS = ["a lighthouse keeper", "a robot learning to paint", "a city under the sea",
           "the last day of summer", "a dragon who collects clocks", "a train that never stops"]
 WORKLOADS = ("code-edit", "prediction", "file-edit", "free", "agent-loop", "chat")
+ORACLE = "oracle"
 FollowUp = Callable[[int, list[list[int]]], "tuple[list[int], SamplingParams] | None"]
 
 
@@ -99,12 +105,16 @@ def requests_for(workload: str, runner: Runner, n: int, max_tokens: int
 def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context: int,
              num_draft_tokens: int = 8,
              draft: tuple[Runner, StepTimeCurve] | None = None,
-             follow: FollowUp | None = None, suffix_tokens: int = 1 << 15) -> dict:
-    """Serve `requests` together under `mode`; tokens/s, acceptance and chosen k. `draft`
-    (a draft model's runner and step-time curve) joins every mode but off. `follow(i,
-    replies)`: request i's next turn once its replies so far (token ids) are done, or None
-    (then prefix caching is on, as a server has it for a conversation). `suffix_tokens`:
-    the suffix index's cap (0: none)."""
+             follow: FollowUp | None = None, suffix_tokens: int = 1 << 15,
+             oracle: dict[str, list[int]] | None = None) -> dict:
+    """Serve `requests` together under `mode`; tokens/s, acceptance, chosen k and `tokens`
+    (request id "i:turn" -> output token ids). `draft` (a draft model's runner and step-time
+    curve) joins every mode but off. `follow(i, replies)`: request i's next turn once its
+    replies so far (token ids) are done, or None (then prefix caching is on, as a server has
+    it for a conversation). `suffix_tokens`: the suffix index's cap (0: none). `oracle`
+    (mode `oracle`): each request id's `prediction`, the output `off` gave it."""
+    if mode == ORACLE and oracle is None:
+        raise ValueError("mode oracle needs the off cell's tokens")
     blocks = list(range(runner.num_blocks))
     runner.evict(blocks)  # nothing cached from an earlier cell
     config = EngineConfig(context_length=context, enable_prefix_caching=follow is not None,
@@ -117,20 +127,35 @@ def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context:
             draft[0].evict(blocks)
             residency = MirroredResidency(runner, draft[0], runner.block_size)
             proposer, draft_curve = DraftModelProposer(draft[0], residency), draft[1]
-        speculator = Speculator(SpecConfig(mode=mode, num_draft_tokens=num_draft_tokens,
+        speculator = Speculator(SpecConfig(mode="auto" if mode == ORACLE else mode,
+                                           num_draft_tokens=num_draft_tokens,
                                            suffix_tokens=suffix_tokens),
                                 curve, context, runner.capabilities.equal_split,
                                 proposer, draft_curve)
     engine = LLMEngine(runner, config, residency=residency, speculator=speculator)
+
+    def add(request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        if mode == ORACLE:
+            params = replace(params, prediction=oracle.get(request_id))
+        engine.add_request(request_id, prompt, params)
+
     for i, (prompt, params) in enumerate(requests):
-        engine.add_request(f"{i}:0", prompt, params)
+        add(f"{i}:0", prompt, params)
     tokens: dict[str, list[int]] = {}
     replies: dict[int, list[list[int]]] = {i: [] for i in range(len(requests))}
     steps = 0
+    prompt_step_s = 0.0
     t0 = time.perf_counter()
     first = None
+    sched = engine.scheduler
     while engine.has_work():
-        for out in engine.step():
+        prompting = first is not None and any(
+            r.num_tokens - r.num_computed_tokens > 1 for r in (*sched.running, *sched.waiting))
+        t_step = time.perf_counter()
+        outs = engine.step()
+        if prompting:
+            prompt_step_s += time.perf_counter() - t_step
+        for out in outs:
             tokens.setdefault(out.request_id, []).extend(out.token_ids)
             if first is None:
                 first = time.perf_counter()
@@ -139,7 +164,7 @@ def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context:
                 replies[i].append(tokens[out.request_id])
                 turn = follow(i, replies[i])
                 if turn is not None:
-                    engine.add_request(f"{i}:{len(replies[i])}", *turn)
+                    add(f"{i}:{len(replies[i])}", *turn)
         steps += 1
     wall = time.perf_counter() - (first or t0)
     n_tokens = sum(len(t) for t in tokens.values()) - len(tokens)  # decode tokens
@@ -150,11 +175,12 @@ def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context:
         "decode_tok_s": round(n_tokens / wall, 2) if wall > 0 else None,
         "per_user_tok_s": round(n_tokens / wall / len(requests), 2) if wall > 0 else None,
         "steps": steps,
+        "prompt_step_s": round(prompt_step_s, 2),
         "draft_tokens": drafted,
         "acceptance": round(stats["accepted_tokens"] / drafted, 3) if drafted else None,
         "chosen_k": stats.get("chosen_k", {}),
         "suffix_tokens": stats.get("suffix_tokens"),
-        "tokens": [tokens[rid] for rid in sorted(tokens)],
+        "tokens": tokens,
     }
 
 
@@ -173,9 +199,11 @@ def run_spec_bench(runner: Runner, curve: StepTimeCurve, workloads, levels, mode
             context = min(runner.max_seq_tokens, max(2048, longest + max_tokens))
             follow = (Conversations(runner.tokenizer, max_tokens, SCRIPTS[workload]).follow
                       if workload in SCRIPTS else None)
-            cells = {m: run_cell(runner, reqs, m, curve, context, num_draft_tokens,
-                                 draft=draft, follow=follow, suffix_tokens=suffix_tokens)
-                     for m in ("off", *modes)}
+            cells: dict[str, dict] = {}
+            for m in ("off", *modes):
+                cells[m] = run_cell(runner, reqs, m, curve, context, num_draft_tokens,
+                                    draft=draft, follow=follow, suffix_tokens=suffix_tokens,
+                                    oracle=cells["off"]["tokens"] if m == ORACLE else None)
             base = cells["off"]
             for cell in cells.values():
                 row = {"workload": workload, "concurrency": c, **cell,

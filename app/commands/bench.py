@@ -50,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="speculative-decoding benchmark: comma-separated workloads "
                         "(code-edit, prediction, file-edit, free, agent-loop, chat); --spec is "
                         "then a comma-separated list of modes, each compared with off in the "
-                        "same run "
+                        "same run, and may name oracle (auto drafting the tokens off gave: the "
+                        "ceiling of any proposer) "
                         "(app/bench/spec.py). With json-schema: the structured-output "
                         "benchmark (json-schema,free: constrained vs unconstrained, forced "
                         "drafts on and off, under --spec; app/bench/structured.py) "
@@ -321,7 +322,7 @@ def _spec_model(args: argparse.Namespace, path: Path, levels: list[int], workloa
 
 def _spec(args: argparse.Namespace, levels: list[int]) -> int:
     from app.bench.charts import model_and_format
-    from app.bench.spec import WORKLOADS, plot_frontier
+    from app.bench.spec import ORACLE, WORKLOADS, plot_frontier
     from app.bench.structured import WORKLOADS as STRUCTURED
     from app.engine.config import SpecConfig
     from models.store import resolve_model
@@ -349,7 +350,7 @@ def _spec(args: argparse.Namespace, levels: list[int]) -> int:
 
             select_library()
         for m in modes:
-            SpecConfig(mode=m, num_draft_tokens=args.num_draft_tokens)
+            SpecConfig(mode="auto" if m == ORACLE else m, num_draft_tokens=args.num_draft_tokens)
         path = resolve_model(args.model)
         paths = [path, *(_converted(path, f) for f in formats)]
     except user_errors() as exc:

@@ -6,7 +6,7 @@ from app.engine.config import SpecConfig
 from app.engine.spec_decode.controller import StepTimeCurve
 from app.engine.spec_decode.speculator import Speculator
 from app.engine.types import SamplingParams
-from tests.unit.helpers import make, run_all
+from tests.unit.helpers import MEASURED_CPU, make, run_all
 
 # Qwen2.5-Coder-1.5B Q4_K_M's profile on this project's CPU (repacked weights): drafts at the
 # prediction prior (0.9 a token) gain under the 5% margin; at 0.95 three of them pay (1.10x)
@@ -59,3 +59,24 @@ def test_a_shadow_scores_the_tokens_up_to_the_first_miss():
     assert est.reached == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     assert spec.stats.draft_tokens == 0
 
+
+
+def test_ngram_drafts_below_what_pays_are_drafted_once_shadows_show_them(monkeypatch):
+    # a prompt that the reply repeats: n-gram drafts start at the 0.6 prior, where no draft
+    # pays on the measured CPU curve, so the controller would never verify one; their shadows (kept
+    # while the bound skips the controller too) show them right, and drafting starts
+    prompt = list(range(1, 41)) + [1, 2]
+
+    def steps_and_k():
+        runner, eng = make(budget=64)
+        eng.speculator = spec = Speculator(SpecConfig(mode="auto"), MEASURED_CPU,
+                                           eng.context_length)
+        eng.add_request("r", prompt, SamplingParams(temperature=0, max_tokens=36,
+                                                    ignore_eos=True))
+        assert run_all(eng)["r"] == list(range(3, 39))
+        return ([sum(len(i.tokens) for i in step) for step in runner.steps[1:]],
+                spec.stats.snapshot()["chosen_k"])
+
+    assert steps_and_k() == ([1] * 24 + [4, 4, 3], {0: 16, 2: 1, 3: 2})
+    monkeypatch.setattr(Speculator, "_shadow", lambda *args: None)
+    assert steps_and_k() == ([1] * 35, {})

@@ -216,10 +216,12 @@ class Speculator:
             if why is not None:
                 for r in eligible:
                     reasons[r] = why
-                    if (why == "no_gain" and r.params.prediction and r not in forced
-                            and "shadow" not in r.spec_state
-                            and self.prediction in self.proposers):
-                        self._shadow(r, "prediction", self.prediction.propose(r, self._cap(r)))
+                    # what the proposers would draft, as a shadow: without it an estimate
+                    # below what pays would never be tested (proposing is a few dict lookups)
+                    if why == "no_gain" and r not in forced and "shadow" not in r.spec_state:
+                        proposal = self._propose(r, self._cap(r))
+                        if proposal is not None:
+                            self._shadow(r, *proposal)
                 self._count(reasons, drafted=False)
                 return
         left = budget
