@@ -16,9 +16,9 @@ Each (workload, concurrency) cell runs every mode back to back on one runner thr
 synchronous engine, greedy, in the split KV layout. Mode `oracle` (bench only) is `auto`
 with each request's `prediction` the tokens `off` gave it: what drafting reaches on this
 machine's step-time curve when every draft is right, the ceiling any proposer has on the
-workload. `prompt_step_s` is the part of a cell's wall time spent in steps that computed a
-prompt chunk (a conversation's later turns), which no draft shortens. `same_tokens` says whether a mode gave
-off's tokens: by default a verify step's logits can differ from one-token steps' (README,
+workload. `prefill_step_s` is the part of a cell's wall time spent in steps that prefilled
+a prompt chunk (a conversation's later turns; at concurrency > 1 also other users' first
+prompts), which no draft shortens. `same_tokens` says whether a mode gave off's tokens: by default a verify step's logits can differ from one-token steps' (README,
 "Grouping invariance"), so a near tie may flip; with `--exact` every mode must agree.
 """
 
@@ -144,17 +144,19 @@ def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context:
     tokens: dict[str, list[int]] = {}
     replies: dict[int, list[list[int]]] = {i: [] for i in range(len(requests))}
     steps = 0
-    prompt_step_s = 0.0
+    prefill_step_s = 0.0
     t0 = time.perf_counter()
     first = None
     sched = engine.scheduler
     while engine.has_work():
-        prompting = first is not None and any(
-            r.num_tokens - r.num_computed_tokens > 1 for r in (*sched.running, *sched.waiting))
+        # requests with a prompt still to compute, and how far they were: a step that
+        # advanced one of them prefilled (the first step is before the wall starts)
+        prefilling = {r: r.num_computed_tokens for r in (*sched.running, *sched.waiting)
+                      if r.num_tokens - r.num_computed_tokens > 1} if first is not None else {}
         t_step = time.perf_counter()
         outs = engine.step()
-        if prompting:
-            prompt_step_s += time.perf_counter() - t_step
+        if any(r.num_computed_tokens > n for r, n in prefilling.items()):
+            prefill_step_s += time.perf_counter() - t_step
         for out in outs:
             tokens.setdefault(out.request_id, []).extend(out.token_ids)
             if first is None:
@@ -175,7 +177,7 @@ def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context:
         "decode_tok_s": round(n_tokens / wall, 2) if wall > 0 else None,
         "per_user_tok_s": round(n_tokens / wall / len(requests), 2) if wall > 0 else None,
         "steps": steps,
-        "prompt_step_s": round(prompt_step_s, 2),
+        "prefill_step_s": round(prefill_step_s, 2),
         "draft_tokens": drafted,
         "acceptance": round(stats["accepted_tokens"] / drafted, 3) if drafted else None,
         "chosen_k": stats.get("chosen_k", {}),

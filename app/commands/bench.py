@@ -339,6 +339,9 @@ def _spec(args: argparse.Namespace, levels: list[int]) -> int:
         return fail(f"--formats is for the speculative workloads ({', '.join(WORKLOADS)})")
     if structured and len(modes) > 1:
         return fail("the structured-output benchmark takes one --spec mode")
+    if structured and ORACLE in modes:
+        return fail("--spec oracle is for the speculative workloads "
+                    f"({', '.join(WORKLOADS)})")
     if formats and args.png:
         return fail("--png draws one format's cells; leave it out with --formats")
     if args.kv_layout not in ("split", default_of("runner.kv_layout")):

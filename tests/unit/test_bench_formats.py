@@ -30,6 +30,11 @@ def test_each_cell_is_compared_with_the_fastest_plain_format_of_that_cell() -> N
      "tandem: error: --formats is for the speculative workloads (code-edit, prediction, file-edit, free, agent-loop, chat)\n"),
     (["--workload", "prediction", "--formats", "q8_0", "--png", "x.png"],
      "tandem: error: --png draws one format's cells; leave it out with --formats\n"),
+    (["--workload", "json-schema", "--spec", "oracle"],
+     "tandem: error: --spec oracle is for the speculative workloads (code-edit, prediction, "
+     "file-edit, free, agent-loop, chat)\n"),
+    (["--workload", "free", "--spec", "oracle,wrong"],
+     "tandem: error: spec mode must be off, auto, ngram, draft or fixed:K, not 'wrong'\n"),
     (["--workload", "file-edit", "--kv-layout", "unified"],
      "tandem: error: the speculative and structured benchmarks run the split KV layout (every "
      "mode's tokens comparable); leave out --kv-layout\n"),

@@ -1,5 +1,5 @@
 """The speculative bench's `oracle` mode (`app.bench.spec.run_cell`): `auto` drafting the
-tokens `off` gave each request, turn by turn, and `prompt_step_s`."""
+tokens `off` gave each request, turn by turn, and `prefill_step_s`."""
 
 from __future__ import annotations
 
@@ -45,12 +45,12 @@ def test_the_oracle_drafts_what_off_said_in_every_turn():
     # its verify step's own)
     assert (oracle["draft_tokens"], oracle["acceptance"]) == (10, 1.0)
     assert oracle["steps"] == 4 < off["steps"] == 14
-    assert off["prompt_step_s"] >= STEP_S  # the second turn's prompt step
+    assert off["prefill_step_s"] >= STEP_S  # the second turn's prefill
 
 
-def test_one_turn_has_no_prompt_steps_and_the_oracle_needs_off():
+def test_one_turn_has_no_prefill_steps_and_the_oracle_needs_off():
     runner = SlowRunner(num_blocks=64, block_size=4, max_seqs=2)
     off = run_cell(runner, [([10, 11], params(4))], "off", FLAT, 128)
-    assert off["prompt_step_s"] == 0.0
+    assert off["prefill_step_s"] == 0.0
     with pytest.raises(ValueError, match="mode oracle needs the off cell's tokens"):
         run_cell(runner, [([10, 11], params(4))], ORACLE, FLAT, 128)

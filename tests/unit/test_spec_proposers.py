@@ -109,15 +109,15 @@ def test_k_zero_is_exactly_the_plain_step():
 def test_ngram_drafts_that_cannot_pay_are_kept_as_a_shadow():
     # one user, an n-gram match to draft from, but n-gram drafts start at 0.6 acceptance:
     # on this curve no number of them can pay, so the controller does not run; the
-    # proposers do, once, and their drafts become a shadow scored against the output
+    # proposers do, and their drafts become a shadow scored against the output
     runner, eng = spec_engine(curve=MEASURED_CPU)
     eng.add_request("a", [1, 2, 3, 4, 1, 2], greedy(8))
     assert run_all(eng)["a"] == [3, 4, 5, 6, 7, 8, 9, 10]
     assert all(len(item.tokens) == 1 for step in runner.steps[1:] for item in step)
     snapshot = eng.speculator.stats.snapshot()
     assert snapshot["chosen_k"] == {} and snapshot["draft_tokens"] == 0
-    # the shadow: [1, 2, 3] matched [3, 4, 1, ...] (drafts up to the budget), the reply
-    # went 3, 4, 5: one observation, 1 of 2 drafts accepted, the second position reached
+    # the shadow: the tail [1, 2, 3] matched at the start, drafts [4, 1, 2, 3] (all that
+    # followed); the reply went 4, 5: one observation, 1 of 4 accepted, 2 positions reached
     est = eng.speculator.global_estimates["ngram:3"]
     assert (est.accepted[:3], est.reached[:3]) == ([1.0, 0.0, 0.0], [1.0, 1.0, 0.0])
 

@@ -60,11 +60,11 @@ def test_a_shadow_scores_the_tokens_up_to_the_first_miss():
     assert spec.stats.draft_tokens == 0
 
 
-
 def test_ngram_drafts_below_what_pays_are_drafted_once_shadows_show_them(monkeypatch):
     # a prompt that the reply repeats: n-gram drafts start at the 0.6 prior, where no draft
-    # pays on the measured CPU curve, so the controller would never verify one; their shadows (kept
-    # while the bound skips the controller too) show them right, and drafting starts
+    # pays on the measured CPU curve, so the controller would never verify one; their
+    # shadows (kept while the acceptance bound skips the controller too) show them right,
+    # and drafting starts
     prompt = list(range(1, 41)) + [1, 2]
 
     def steps_and_k():

@@ -16,9 +16,9 @@ drafts would not pay.
 
 A sequence whose drafts the controller declines still learns what they would have done:
 the declined drafts are kept as a shadow and scored against the tokens the sequence then
-emits, one observation per shadow, as a verification would have scored them (`_shadow`). A
-prediction is proposed for this even where the step's bound skips the proposers. Without
-it, a kind of draft whose prior is too low to pay on a steep curve is never tried, so never
+emits, one observation per shadow, as a verification would have scored them (`_shadow`).
+Where the acceptance bound ("no_gain") skips the controller, the proposers still run for
+each sequence without an open shadow, to make one. Without shadows, a kind of draft whose prior is too low to pay on a steep curve is never tried, so never
 found to pay (a whole-file prediction accepted at 97% sat at its 90% prior).
 
 Every decode step of a sequence that verifies no draft is counted under one reason
@@ -422,8 +422,8 @@ class Speculator:
     def _may_pay(self, curve: StepTimeCurve, running: list[Request],
                  waiting: list[Request], budget: int,
                  forced: dict[Request, list[int]]) -> str | None:
-        """Why drafts cannot pay in this step (then the proposers do not even run), or None
-        when they may.
+        """Why drafts cannot pay in this step (then the controller does not run, and on
+        "step_cost" the proposers do not either), or None when they may.
 
         Two upper bounds. By the step's shape (cached): even drafts accepted at
         `BEST_ACCEPTANCE` cannot pay on a compute-bound step ("step_cost"). By acceptance:
