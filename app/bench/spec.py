@@ -18,8 +18,9 @@ with each request's `prediction` the tokens `off` gave it: what drafting reaches
 machine's step-time curve when every draft is right, the ceiling any proposer has on the
 workload. `prefill_step_s` is the part of a cell's wall time spent in steps that prefilled
 a prompt chunk (a conversation's later turns; at concurrency > 1 also other users' first
-prompts), which no draft shortens. `same_tokens` says whether a mode gave off's tokens: by default a verify step's logits can differ from one-token steps' (README,
-"Grouping invariance"), so a near tie may flip; with `--exact` every mode must agree.
+prompts), which no draft shortens. `same_tokens` says whether a mode gave off's tokens: by
+default a verify step's logits can differ from one-token steps' (README, "Grouping
+invariance"), so a near tie may flip; with `--exact` every mode must agree.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ A sequence whose drafts the controller declines still learns what they would hav
 the declined drafts are kept as a shadow and scored against the tokens the sequence then
 emits, one observation per shadow, as a verification would have scored them (`_shadow`).
 Where the acceptance bound ("no_gain") skips the controller, the proposers still run for
-each sequence without an open shadow, to make one. Without shadows, a kind of draft whose prior is too low to pay on a steep curve is never tried, so never
-found to pay (a whole-file prediction accepted at 97% sat at its 90% prior).
+each sequence without an open shadow, to make one. Without shadows, a kind of draft whose
+prior is too low to pay on a steep curve is never tried, so never found to pay (a
+whole-file prediction accepted at 97% sat at its 90% prior).
 
 Every decode step of a sequence that verifies no draft is counted under one reason
 (`NO_DRAFT_REASONS`, `SpecStats.no_draft`, the request's `metrics.no_draft`), and the
