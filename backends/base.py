@@ -79,6 +79,7 @@ def shared_pool_tokens(seq_tokens: int) -> int:
 
 
 KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
+AUTO_ON_OFF = ("auto", "on", "off")  # --flash-attn, --repack
 
 
 def quantized_v_needs_flash_attn(kv_cache_type: str) -> str:
@@ -298,9 +299,9 @@ class RunnerConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.kv_layout not in ("auto", "split", "unified"):
             raise ValueError(f"kv_layout must be auto, split or unified, not {self.kv_layout!r}")
-        if self.flash_attn not in ("auto", "on", "off"):
+        if self.flash_attn not in AUTO_ON_OFF:
             raise ValueError(f"flash_attn must be auto, on or off, not {self.flash_attn!r}")
-        if self.repack not in ("auto", "on", "off"):
+        if self.repack not in AUTO_ON_OFF:
             raise ValueError(f"repack must be auto, on or off, not {self.repack!r}")
         if self.kv_cache_type not in KV_CACHE_TYPES:
             raise ValueError(f"kv_cache_type must be f16, q8_0 or q4_0, not "

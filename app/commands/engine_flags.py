@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.config import EngineArgs
-from backends.base import KV_CACHE_TYPES
+from backends.base import AUTO_ON_OFF, KV_CACHE_TYPES
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
@@ -70,7 +70,7 @@ KV_LAYOUT = Flag("--kv-layout", "runner.kv_layout", "llama.cpp KV cache: split (
 REPACK = Flag("--repack", "runner.repack", "llama.cpp repacked weights (its extra CPU "
               "buffer types, faster decode): auto (where a probe, run once per model and "
               "machine and cached, shows this machine runs them), on, off",
-              choices=("auto", "on", "off"))
+              choices=AUTO_ON_OFF)
 KV_CACHE_TYPE = Flag("--kv-cache-type", "runner.kv_cache_type", "KV cache values: f16, "
                      "q8_0 (half the memory, nearly lossless; on --backend mlx it is MLX's "
                      "8-bit affine quantization, group 64) or q4_0 (a quarter, lossier; "
@@ -81,7 +81,7 @@ FLASH_ATTN = Flag("--flash-attn", "runner.flash_attn", "llama.cpp flash attentio
                   "a step of n tokens with it on reads the whole KV cache once per token, so "
                   "off makes long-context verify steps cheaper (README, \"Predicted "
                   "Outputs on a whole file\"); a quantized KV cache needs it",
-                  choices=("auto", "on", "off"))
+                  choices=AUTO_ON_OFF)
 EXACT = Flag("--exact", "runner.exact", "logits independent of how steps are grouped: the "
              "same tokens batched or alone, cached or cold, with speculation or without "
              "(flash attention and repacked weights off, llama.cpp built without tinyBLAS: "

@@ -27,7 +27,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPACK_MODES = ("auto", "on", "off")
+from backends.base import AUTO_ON_OFF as REPACK_MODES
+
 PROBE_VERSION = 1
 PLAIN_BUFFERS = ("CPU", "CPU_Mapped")  # weights as the file has them; other types are repacked
 PROBE_TIMEOUT_S = 300.0  # a probe loads the model once: 1-20 s for the models tandem runs
