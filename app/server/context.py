@@ -55,12 +55,15 @@ class ServerContext:
         error event (and `[DONE]` on the OpenAI APIs) and each collected one answers 503
         (`app.server.responses`) without waiting for the engine's step in progress, which
         may take seconds (a long prefill chunk); their requests are aborted, freeing their
-        KV blocks after that step. Returns how many streams were open."""
+        KV blocks after that step. Requests waiting for a model to load (`pool`) answer 503
+        `server_shutting_down` too. Returns how many streams and waiting requests there
+        were."""
         self.stopping = True
         streams = list(self.open_streams)
         for s in streams:
             s.end(shutting_down())
-        return len(streams)
+        waiting = self.pool.end_waiting() if self.pool is not None else 0
+        return len(streams) + waiting
 
     def resolve_model(self, requested: str | None) -> str:
         """The name to answer with for a request's `model` field.

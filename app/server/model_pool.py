@@ -23,6 +23,10 @@ Policy (after Ollama's scheduler and llama-swap; `shared/notes/ecosystem.md` §1
 - A failed load (missing or unreadable file, not a GGUF, out of memory) answers the
   requests waiting for it with 500 `model_load_failed` naming the model and the reason;
   the other models keep serving, and the next request for it tries again.
+- Shutdown: when the server's grace period is over, `end_waiting` answers every request
+  still waiting for a load with 503 `server_shutting_down` (as `ServerContext.end_streams`
+  ends the streams); `close` waits for a load still running in its thread and shuts the
+  engine it made down with the others.
 
 A request holds a `Lease` on its model from `model_context` until its response has been
 sent (streamed responses included): `ModelLeases`, an ASGI middleware, releases the
@@ -34,8 +38,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +50,7 @@ from typing import Any
 from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.server.errors import SERVER_ERROR, APIError, bad_request, overloaded
+from app.server.errors import SERVER_ERROR, APIError, bad_request, overloaded, shutting_down
 from app.server.store_models import StoreModel, file_size
 
 log = logging.getLogger("tandem.server")
@@ -160,6 +166,11 @@ class ModelPool:
         self._changed: asyncio.Event | None = None
         self._queue: asyncio.Queue[Slot] | None = None
         self._worker: asyncio.Task | None = None
+        self._stopping: asyncio.Future | None = None  # done: answer waiters 503
+        self._loads = ThreadPoolExecutor(1, thread_name_prefix="tandem-model-load")
+        self._load_running: Future | None = None  # the load in its thread, for `close`
+        self._closed = False
+        self._lock = threading.Lock()  # `_closed` and `_load_running`, across threads
         self.refresh()
 
     # -- names -----------------------------------------------------------------------------
@@ -262,6 +273,8 @@ class ModelPool:
         slot = self.slot(requested)
         if slot.engine is not None and not slot.draining:
             return self._lease(slot, keep_alive)
+        if self._stop().done():
+            raise shutting_down()
         if self._waiting >= self.max_waiting:
             raise overloaded(f"{self._waiting} requests are waiting for models to load")
         loop = asyncio.get_running_loop()
@@ -279,14 +292,38 @@ class ModelPool:
                     waiter: Any = asyncio.shield(slot.loading)
                 else:
                     waiter = self._event().wait()
-                try:
-                    await asyncio.wait_for(waiter, max(deadline - loop.time(), 0.0))
-                except TimeoutError:
-                    raise busy(slot.name, self.wait_s) from None
+                await self._wait(waiter, max(deadline - loop.time(), 0.0), slot)
         finally:
             slot.waiters -= 1
             self._waiting -= 1
             self._notify()  # a model nobody waits for any more may be unloaded
+
+    def _stop(self) -> asyncio.Future:
+        if self._stopping is None:
+            self._stopping = asyncio.get_running_loop().create_future()
+        return self._stopping
+
+    async def _wait(self, waiter: Any, timeout: float, slot: Slot) -> None:
+        """Wait for `waiter` (a load or a pool change) at most `timeout` seconds. Raises
+        what the load raised, 503 `model_busy` on the timeout, 503 `server_shutting_down`
+        once `end_waiting` ran."""
+        task = asyncio.ensure_future(waiter)
+        stop = self._stop()
+        done, _ = await asyncio.wait({task, stop}, timeout=timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if task not in done:
+            task.cancel()
+            raise shutting_down() if stop in done else busy(slot.name, self.wait_s)
+        task.result()
+
+    def end_waiting(self) -> int:
+        """The server's grace period is over: answer every request waiting for a model to
+        load with 503 `server_shutting_down` now (and any that comes later). Returns how
+        many were waiting."""
+        stop = self._stop()
+        if not stop.done():
+            stop.set_result(None)
+        return self._waiting
 
     def stop(self, requested: str | None) -> None:
         """`ollama stop` (an empty request with `keep_alive: 0`): unload the model now if it
@@ -382,7 +419,7 @@ class ModelPool:
                     raise busy(slot.name, self.wait_s)  # nobody wants it any more
                 log.info("loading %s (%s)", slot.name, slot.model.path)
                 with cores_yielded([e for _, e in self.loaded()]):
-                    engine = await asyncio.to_thread(self._load, slot.model.path)
+                    engine = await self._load_in_thread(slot.model.path)
             except Exception as exc:  # noqa: BLE001 - answered to the waiting requests
                 slot.loading = None
                 fut.set_exception(exc if isinstance(exc, APIError) else load_failed(slot.name,
@@ -398,6 +435,21 @@ class ModelPool:
             fut.set_result(None)
             self._arm(slot)  # waiters lease it before an expiry can fire (`_expire`)
             self._notify()
+
+    async def _load_in_thread(self, path: Path) -> Any:
+        """`self._load(path)` in the pool's load thread, kept in `_load_running` so that
+        `close` finds it when the server stops mid-load (the event loop, and this coroutine,
+        gone). Raises what the load raised."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the server is shutting down")
+            running = self._load_running = self._loads.submit(self._load, path)
+        try:
+            return await asyncio.wrap_future(running)
+        finally:
+            with self._lock:
+                if self._load_running is running and running.done():
+                    self._load_running = None
 
     def _estimate(self, slot: Slot) -> int:
         return file_size(slot.model.path) + self._kv_estimate
@@ -445,11 +497,27 @@ class ModelPool:
         return ModelContext(root, lease.slot, lease.engine)
 
     def close(self) -> None:
-        """Shut every loaded engine down (the server has stopped)."""
+        """Shut every loaded engine down (the server has stopped), the one a load still
+        running makes included: that load is waited for (said on stdout), as its thread
+        would hold the process anyway."""
+        with self._lock:
+            self._closed = True
+            running = self._load_running
+        engines = [s.engine for s in self._order if s.engine is not None]
         for slot in self._order:
-            engine, slot.engine = slot.engine, None
-            if engine is not None:
-                engine.shutdown()
+            slot.engine = None
+        if running is not None and not running.done():
+            print("tandem: waiting for a model load to finish before exiting", flush=True)
+        if running is not None:
+            try:
+                made = running.result()
+            except BaseException:  # noqa: BLE001 - its requests were answered; nothing to free
+                made = None
+            if made is not None and all(made is not e for e in engines):
+                engines.append(made)
+        self._loads.shutdown(wait=True)
+        for engine in engines:
+            engine.shutdown()
 
 
 @contextmanager

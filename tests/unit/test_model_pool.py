@@ -36,6 +36,7 @@ class Loader:
 
     def __init__(self) -> None:
         self.loaded: list[str] = []
+        self.made: list[FakeEngine] = []
         self.gate: threading.Event | None = None
         self.during: Callable[[], None] | None = None
 
@@ -47,7 +48,8 @@ class Loader:
         self.loaded.append(path.stem)
         if path.name == "broken.gguf":
             raise ValueError(f"llama.cpp could not load {path}")
-        return FakeEngine(path)
+        self.made.append(FakeEngine(path))
+        return self.made[-1]
 
 
 @pytest.fixture
@@ -195,6 +197,34 @@ async def test_the_memory_budget_unloads_before_the_count_does(store: Path) -> N
     assert loaded(pool) == ["smollm2-135m-instruct", "b"]
     (await pool.acquire("c")).release()
     assert loaded(pool) == ["b", "c"]
+
+
+async def test_a_shutdown_answers_the_waiting_and_frees_the_model_loading(store: Path
+                                                                        ) -> None:
+    loader = Loader()
+    loader.gate = threading.Event()
+    pool, first = make_pool(store, loader)
+    waiters = [asyncio.create_task(pool.acquire("b")) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    assert pool.end_waiting() == 2  # the grace period is over
+    for w in waiters:
+        with pytest.raises(APIError) as err:
+            await asyncio.wait_for(w, 1)
+        assert (err.value.status, err.value.code, err.value.message) == (
+            503, "server_shutting_down", "The server is shutting down; the reply was cut "
+            "short.")
+    with pytest.raises(APIError) as late:
+        await pool.acquire("c")
+    assert late.value.code == "server_shutting_down"
+    (await pool.acquire(None)).release()  # a loaded model's requests are the streams' end
+    # the server has stopped, the load still runs: `close` waits for it and frees its engine
+    closing = asyncio.create_task(asyncio.to_thread(pool.close))
+    await asyncio.sleep(0.1)
+    assert not closing.done()
+    loader.gate.set()
+    await asyncio.wait_for(closing, 5)
+    assert [e.path.stem for e in loader.made] == ["b"]
+    assert loader.made[0].closed.is_set() and first.closed.is_set()
 
 
 class YieldingRunner:
