@@ -296,13 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--exact", action="store_true", help="tandem's exact mode")
     args = p.parse_args(argv)
-    if args.exact:
-        from backends.llamacpp.exact import select_library
+    from backends.llamacpp.exact import bench_settings
 
-        select_library()
+    settings = bench_settings(args.exact)
     path = resolve_model(args.model)
-    settings = ({"flash_attn": "off", "repack": "off", "exact": True} if args.exact
-                else {"flash_attn": "on", "repack": "auto"})
     config = RunnerConfig(max_seqs=BATCH, seq_tokens=1024, kv_layout="split",
                           n_threads=args.threads, **settings)
     runner, _ = load_runner(path, backend="llamacpp", config=config)

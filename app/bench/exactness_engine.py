@@ -130,12 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--exact", action="store_true")
     args = p.parse_args(argv)
-    if args.exact:
-        from backends.llamacpp.exact import select_library
+    from backends.llamacpp.exact import bench_settings
 
-        select_library()
-    settings = ({"flash_attn": "off", "repack": "off", "exact": True} if args.exact
-                else {"flash_attn": "on", "repack": "auto"})
+    settings = bench_settings(args.exact)
     config = RunnerConfig(max_seqs=16, seq_tokens=1024, kv_layout="split",
                           n_threads=args.threads, **settings)
     path = resolve_model(args.model)

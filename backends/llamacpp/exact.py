@@ -61,6 +61,16 @@ def select_library() -> Path:
     return lib
 
 
+def bench_settings(exact: bool) -> dict[str, object]:
+    """The `RunnerConfig` settings of an exactness bench: exact mode's (the exact library
+    selected first, so call this before anything imports `llama_cpp`), or tandem's defaults
+    (flash attention on, repacking auto). Raises as `select_library`."""
+    if not exact:
+        return {"flash_attn": "on", "repack": "auto"}
+    select_library()
+    return {"flash_attn": "off", "repack": "off", "exact": True}
+
+
 def library_is_exact(system_info: str) -> bool:
     """Whether a llama.cpp library whose `llama_print_system_info()` is `system_info`
     was built without tinyBLAS (ggml-cpu lists "LLAMAFILE = 1" when built with it)."""
