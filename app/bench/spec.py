@@ -40,6 +40,7 @@ from app.engine.residency import MirroredResidency
 from app.engine.spec_decode.controller import StepTimeCurve
 from app.engine.spec_decode.draft_model import DraftModelProposer
 from app.engine.spec_decode.speculator import Speculator
+from app.engine.spec_decode.step_times import OnlineStepTimes
 from app.engine.types import SamplingParams
 from app.prompts import chat_prompt_ids
 from backends.base import Runner
@@ -107,13 +108,16 @@ def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context:
              num_draft_tokens: int = 8,
              draft: tuple[Runner, StepTimeCurve] | None = None,
              follow: FollowUp | None = None, suffix_tokens: int = 1 << 15,
-             oracle: dict[str, list[int]] | None = None) -> dict:
+             oracle: dict[str, list[int]] | None = None,
+             online: OnlineStepTimes | None = None) -> dict:
     """Serve `requests` together under `mode`; tokens/s, acceptance, chosen k and `tokens`
     (request id "i:turn" -> output token ids). `draft` (a draft model's runner and step-time
     curve) joins every mode but off. `follow(i, replies)`: request i's next turn once its
     replies so far (token ids) are done, or None (then prefix caching is on, as a server has
     it for a conversation). `suffix_tokens`: the suffix index's cap (0: none). `oracle`
-    (mode `oracle`): each request id's `prediction`, the output `off` gave it."""
+    (mode `oracle`): each request id's `prediction`, the output `off` gave it. `online`:
+    the curve refined from the cell's steps per batch size, as `tandem serve` has it (None:
+    `curve` for every step)."""
     if mode == ORACLE and oracle is None:
         raise ValueError("mode oracle needs the off cell's tokens")
     blocks = list(range(runner.num_blocks))
@@ -132,7 +136,7 @@ def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context:
                                            num_draft_tokens=num_draft_tokens,
                                            suffix_tokens=suffix_tokens),
                                 curve, context, runner.capabilities.equal_split,
-                                proposer, draft_curve)
+                                proposer, draft_curve, online)
     engine = LLMEngine(runner, config, residency=residency, speculator=speculator)
 
     def add(request_id: str, prompt: list[int], params: SamplingParams) -> None:
@@ -190,10 +194,12 @@ def run_cell(runner: Runner, requests, mode: str, curve: StepTimeCurve, context:
 def run_spec_bench(runner: Runner, curve: StepTimeCurve, workloads, levels, modes,
                    max_tokens: int, emit: Callable[[dict], None],
                    draft: tuple[Runner, StepTimeCurve] | None = None,
-                   suffix_tokens: int = 1 << 15, num_draft_tokens: int = 8) -> list[dict]:
+                   suffix_tokens: int = 1 << 15, num_draft_tokens: int = 8,
+                   online: Callable[[], OnlineStepTimes] | None = None) -> list[dict]:
     """Every (workload, concurrency) cell: each mode, ratio against off, and whether every
     mode gave off's tokens (`same_tokens`). Each cell's context: the longest prompt plus
-    `max_tokens`, at least 2048, at most the runner's slot."""
+    `max_tokens`, at least 2048, at most the runner's slot. `online()`: a fresh refining
+    curve for each cell (`run_cell`), so every mode starts from the same estimates."""
     results = []
     for workload in workloads:
         for c in levels:
@@ -206,7 +212,8 @@ def run_spec_bench(runner: Runner, curve: StepTimeCurve, workloads, levels, mode
             for m in ("off", *modes):
                 cells[m] = run_cell(runner, reqs, m, curve, context, num_draft_tokens,
                                     draft=draft, follow=follow, suffix_tokens=suffix_tokens,
-                                    oracle=cells["off"]["tokens"] if m == ORACLE else None)
+                                    oracle=cells["off"]["tokens"] if m == ORACLE else None,
+                                    online=online() if online is not None else None)
             base = cells["off"]
             for cell in cells.values():
                 row = {"workload": workload, "concurrency": c, **cell,

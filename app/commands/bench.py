@@ -262,7 +262,8 @@ def _spec_model(args: argparse.Namespace, path: Path, levels: list[int], workloa
     `format` when `fmt` is given) and returns them; None after the structured benchmark,
     which prints its own."""
     from app.bench.spec import run_spec_bench
-    from app.spec_profile import step_time_curve
+    from app.engine.spec_decode.step_times import OnlineStepTimes
+    from app.spec_profile import load_profile, step_time_curve
     from backends.base import RunnerConfig
     from backends.loader import load_runner
 
@@ -287,9 +288,13 @@ def _spec_model(args: argparse.Namespace, path: Path, levels: list[int], workloa
             from app.engine.spec_decode.controller import StepTimeCurve
             from app.engine.spec_decode.profile import measure_step_times
 
-            curve, cached = StepTimeCurve(measure_step_times(runner)), False
-        else:
-            curve, cached = step_time_curve(runner, path, backend)
+            curve, cached, online = StepTimeCurve(measure_step_times(runner)), False, None
+        else:  # `auto` as the server runs it: the profile, refined per batch size as it runs
+            profile = load_profile(runner, path, backend)
+            curve, cached = profile.curve(), profile.cached
+
+            def online() -> OnlineStepTimes:  # not saved: each cell starts where this run did
+                return OnlineStepTimes(profile.points, profile.online)
         emit({"step_time_ratios": curve.ratios(), "t1_ms": round(curve(1) * 1e3, 2),
               "cached": cached, "exact": runner_config.exact})
         draft = None
@@ -312,7 +317,7 @@ def _spec_model(args: argparse.Namespace, path: Path, levels: list[int], workloa
             return None
         rows = run_spec_bench(runner, curve, workloads, levels, modes, args.max_tokens,
                               emit=emit, draft=draft, suffix_tokens=args.suffix_tokens,
-                              num_draft_tokens=args.num_draft_tokens)
+                              num_draft_tokens=args.num_draft_tokens, online=online)
         return [{**tag, **r} for r in rows]
     finally:
         runner.close()

@@ -54,3 +54,17 @@ def test_one_turn_has_no_prefill_steps_and_the_oracle_needs_off():
     assert off["prefill_step_s"] == 0.0
     with pytest.raises(ValueError, match="mode oracle needs the off cell's tokens"):
         run_cell(runner, [([10, 11], params(4))], ORACLE, FLAT, 128)
+
+
+def test_a_cell_refines_the_curve_from_its_own_steps_as_the_server_does():
+    from app.engine.spec_decode.step_times import OnlineStepTimes
+
+    runner = FakeRunner(num_blocks=64, block_size=4, max_seqs=2)
+    requests = [([10, 11], params(8))]
+    off = run_cell(runner, requests, "off", FLAT, 128)
+    online = OnlineStepTimes({1: 1.0, 64: 1.01})
+    run_cell(runner, requests, ORACLE, FLAT, 128, oracle=off["tokens"], online=online)
+    # the prefill step (no point: its prompt tokens have no logits) gives the first token;
+    # then one verify step of 1 + 6 drafts gives the other 7: the point t(7)
+    assert {b: {n: c for n, (_, c) in pts.items()} for b, pts in online.snapshot().items()
+            } == {1: {7: 1}}

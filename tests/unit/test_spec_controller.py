@@ -8,6 +8,7 @@ from app.engine.spec_decode.controller import (
     AcceptanceEstimate,
     StepTimeCurve,
     allocate_drafts,
+    drafts_can_pay,
     drafts_may_pay,
     step_seconds,
 )
@@ -27,12 +28,35 @@ def test_curve_interpolates_is_monotone_and_extrapolates():
     assert c.ratios() == {1: 1.0, 3: 2.0, 4: 2.0, 8: 4.0}
 
 
+def test_past_its_last_point_a_curve_never_rises_slower_than_its_mean_cost_per_token():
+    # Qwen2.5-1.5B Q4_K_M's profile here: t(10) 256.6 ms, t(12) 281.9 (12.6 ms a token) and
+    # no point past 12, while a step of 16 sequences costs 17.5 ms a row: extrapolated with
+    # the last segment, 8 drafts at 94% looked like they paid at 16 users, and lost 7-24%
+    c = StepTimeCurve({1: 0.0283, 8: 0.2192, 10: 0.2566, 12: 0.2819})
+    assert c(16) == pytest.approx(0.2819 * 16 / 12)
+    assert allocate_drafts(c, [1] * 16, 16, [[0.94] * 8] * 16, [8] * 16) == [0] * 16
+    steep_end = StepTimeCurve({1: 1.0, 2: 1.1, 3: 3.0})  # the last segment is the steeper
+    assert steep_end(5) == pytest.approx(3.0 + 2 * 1.9)
+
+
 def test_flat_curve_gets_long_drafts():
     assert allocate_drafts(FLAT, [1], 1, [[0.9] * 8], [8]) == [8]
 
 
 def test_steep_curve_at_batch_16_gets_none():
     assert allocate_drafts(CPU, [1] * 16, 16, [[0.9] * 8] * 16, [8] * 16) == [0] * 16
+
+
+def test_a_prompt_chunk_in_the_step_does_not_make_drafts_look_cheap():
+    # 15 decodes and another user's 17-token prompt chunk: t(32) = 16. Against that step's
+    # rate (15 / 16) one sequence's 8 drafts at 0.94 (6.1 tokens for t(40) - t(32) = 4) looked
+    # like a gain; against decoding alone (15 / t(15) = 1.98) they cost more than they give
+    counts = [1] * 15 + [17]
+    rates, owners = [[0.94] * 8], [0]
+    assert allocate_drafts(CPU, counts, 15, rates, [8], owners) == [0]
+    assert not drafts_can_pay(CPU, 32, 15, 8, best_rate=0.94)
+    assert allocate_drafts(FLAT, counts, 15, rates, [8], owners) == [8]  # where they are cheap
+    assert drafts_can_pay(FLAT, 32, 15, 8)
 
 
 def test_one_user_on_the_cpu_curve_takes_the_best_total_not_the_first_stop():

@@ -4,7 +4,7 @@ sequence of observed steps, per batch bucket, published only on a change, persis
 import pytest
 
 import app.engine.spec_decode.step_times as st
-from app.engine.spec_decode.step_times import OnlineStepTimes, batch_bucket
+from app.engine.spec_decode.step_times import OnlineStepTimes, batch_bucket, grid_point
 
 BASE = {1: 0.010, 2: 0.020, 4: 0.040, 8: 0.080}
 
@@ -76,6 +76,20 @@ def test_each_batch_bucket_has_its_own_curve():
     online.observe(0, 1, 0.01)  # nothing computed, or no time: ignored
     online.observe(1, 1, 0.0)
     assert online.snapshot() == {2: {3: (0.050, 4)}}
+
+
+def test_long_steps_count_at_a_grid_point_so_many_sequences_learn_their_curve():
+    assert [grid_point(n) for n in (8, 9, 11, 13, 14, 17, 18, 27, 28, 56, 100)] == [
+        8, 10, 12, 12, 16, 16, 20, 24, 32, 64, 96]
+    online = OnlineStepTimes(BASE)  # the profile's last point is 8: 80 ms
+    for rows in (33, 31, 30, 34):  # 16 sequences' verify steps at 17.5 ms a row
+        online.observe(rows, 16, 0.0175 * rows)
+    online.observe(17, 16, 0.0175 * 17)  # a plain decode of 16, one draft
+    assert online.snapshot() == {16: {32: (pytest.approx(0.0175 * 32), 4),
+                                      16: (pytest.approx(0.0175 * 16), 1)}}
+    curve = online.curve(16)
+    assert curve(32) == pytest.approx(0.56)
+    assert curve(8) == pytest.approx(0.080 * 0.56 / (0.080 * 32 / 8))  # scaled to t(32)
 
 
 def test_estimates_persist_and_start_a_new_engine(monkeypatch):

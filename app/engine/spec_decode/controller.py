@@ -5,9 +5,16 @@ start-up) says what an extra verified position costs; a running acceptance estim
 sequence and draft position says what it is expected to return. The controller picks the
 total number of draft tokens D that maximises expected tokens per second,
 
-    (decoding sequences + sum of the D largest marginal gains) / t(n_base + D),
+    (decoding sequences + sum of the D largest marginal gains)
+        / (t(decodes) + t(n_base + D) - t(n_base)),
 
-where the marginal gain of a sequence's j-th draft token is the probability that drafts
+where t(decodes) is the step of the decoding sequences alone and n_base the step's tokens
+without drafts (prompt chunks included): the drafts are charged what they add to the step,
+and measured against plain decoding. A prompt chunk in the step must be computed anyway;
+counted in the base rate, it made drafts look cheap beside it (t(n_base) is large), while
+on a compute-bound machine each draft row costs what a decode row does anywhere (16
+users, Qwen2.5-1.5B here: drafts in the steps that carried other users' prompts lost 11%).
+The marginal gain of a sequence's j-th draft token is the probability that drafts
 1..j are all accepted (the product of its per-position acceptance estimates), so each
 sequence's gains fall with j and taking the D largest hands out tokens one at a time to
 the sequence with the most to gain. Evaluating every D (not stopping at the first D that
@@ -25,7 +32,10 @@ from collections.abc import Mapping, Sequence
 
 class StepTimeCurve:
     """t(n) in seconds, linear between measured points, made non-decreasing, extrapolated
-    past the last point with the last segment's slope.
+    past the last point with the steeper of the last segment's slope and the mean cost per
+    token there, t(last) / last: one noisy last segment (a profile's t(10) to t(12)) must
+    not make the long steps of many sequences look cheap, which would hand them drafts
+    that cannot pay.
 
     Args:
         points: {tokens in the step: seconds}; at least one point with n >= 1.
@@ -47,9 +57,9 @@ class StepTimeCurve:
             return ts[0] * n / ns[0] if n < ns[0] else ts[0]
         i = bisect_left(ns, n)
         if i == len(ns):
-            if len(ns) == 1:
-                return ts[0] * n / ns[0]
-            slope = (ts[-1] - ts[-2]) / (ns[-1] - ns[-2])
+            slope = ts[-1] / ns[-1]
+            if len(ns) > 1:
+                slope = max(slope, (ts[-1] - ts[-2]) / (ns[-1] - ns[-2]))
             return ts[-1] + slope * (n - ns[-1])
         if ns[i] == n:
             return ts[i]
@@ -154,9 +164,16 @@ def drafts_can_pay(curve: StepTimeCurve, total: int, num_decoding: int, max_draf
     for a step of `total` tokens, were each draft gaining `best_rate` tokens: an upper
     bound (a step never costs less than t(total + D)), so False means k = 0 for everyone
     without looking at the drafts."""
-    base = num_decoding / curve(max(total, 1))
-    return any((num_decoding + d * best_rate) / curve(total + d) > base
+    plain, t_base = _plain_and_base(curve, total, num_decoding)
+    base = num_decoding / plain
+    return any((num_decoding + d * best_rate) / (plain + curve(total + d) - t_base) > base
                for d in range(1, max_drafts + 1))
+
+
+def _plain_and_base(curve: StepTimeCurve, total: int, num_decoding: int) -> tuple[float, float]:
+    """(t(decodes), t(n_base)) of a step of `total` tokens, `num_decoding` of them decodes."""
+    t_base = curve(max(total, 1))
+    return (curve(num_decoding) if num_decoding else t_base), t_base
 
 
 def drafts_may_pay(curve: StepTimeCurve, total: int, num_decoding: int,
@@ -169,11 +186,12 @@ def drafts_may_pay(curve: StepTimeCurve, total: int, num_decoding: int,
     (D <= `max_drafts`): False means it would give every candidate k = 0."""
     gains = sorted((c ** j for c in ceilings if c > 0 for j in range(1, max_k + 1)),
                    reverse=True)[:max(max_drafts, 0)]
-    base = num_decoding / curve(max(total, 1))
+    plain, t_base = _plain_and_base(curve, total, num_decoding)
+    base = num_decoding / plain
     expected = float(num_decoding)
     for d, gain in enumerate(gains, 1):
         expected += gain
-        if expected / curve(total + d) > base:
+        if expected / (plain + curve(total + d) - t_base) > base:
             return True
     return False
 
@@ -211,7 +229,11 @@ def allocate_drafts(curve: StepTimeCurve, base_counts: Sequence[int], num_decodi
         if cap > 0 and r:
             heapq.heappush(heap, (-r[0], i, 0))
     ks = [0] * len(caps)
-    base_rate = num_decoding / max(step_seconds(curve, counts, equal_split, slots), 1e-12)
+    base_s = step_seconds(curve, counts, equal_split, slots)
+    # the decodes alone (a 1-token entry is a decode): the rate drafts must beat
+    plain_s = step_seconds(curve, [c if c == 1 else 0 for c in counts], equal_split,
+                           slots) or base_s
+    base_rate = num_decoding / max(plain_s, 1e-12)
     best_rate = base_rate * (1 + margin)
     best_d, taken = 0, []
     gain_sum, d = 0.0, 0
@@ -230,7 +252,8 @@ def allocate_drafts(curve: StepTimeCurve, base_counts: Sequence[int], num_decodi
             m = depth[j]
             draft_s += draft_curve(m + 1) - (draft_curve(m) if m else 0.0)
             depth[j] = m + 1
-        rate = (num_decoding + gain_sum) / (step_seconds(curve, counts, equal_split, slots) + draft_s)
+        rate = (num_decoding + gain_sum) / (
+            plain_s + step_seconds(curve, counts, equal_split, slots) - base_s + draft_s)
         if rate > best_rate:
             best_rate, best_d = rate, d
         if j + 1 < min(caps[i], len(rates[i])):

@@ -8,7 +8,11 @@ logits) is one observation of t(n) for its bucket of sequences (1, 2, 3-4, 5-8, 
 step's weight decays by 1 - ALPHA per later observation of the same point, and an
 observation is first clipped to [1/CLIP, CLIP] x the current estimate (the first one: x the
 profile's value at n), so one step slowed by a burst of other work moves it by at most
-ALPHA x (CLIP - 1). An estimate with
+ALPHA x (CLIP - 1). Past EXACT_TOKENS a step counts at the nearest point of a grid of
+three per octave (10, 12, 16, 20, 24, 32, ...; `grid_point`), its time scaled by grid
+point / n: with many sequences the verify steps rarely repeat an n (17 to 80 rows at 16
+users), and without the grid no point past the profile's last would ever gather
+MIN_SAMPLES. An estimate with
 MIN_SAMPLES observations replaces the profile's value at its n in that bucket's curve;
 the other points are the profile's scaled to the nearest estimate (`_rescaled`).
 
@@ -28,6 +32,17 @@ CLIP = 2.0  # an observation counts as at most CLIP x (at least 1/CLIP x) the es
 MIN_SAMPLES = 4  # observations before an estimate replaces the profile's point
 PUBLISH_CHANGE = 0.05  # relative move of an estimate that rebuilds its bucket's curve
 SAVE_EVERY = 256  # observations between two `persist` calls (while anything changed)
+EXACT_TOKENS = 8  # steps of up to this many tokens count at their own n (the drafts of one)
+
+
+def grid_point(num_tokens: int) -> int:
+    """The point a step of `num_tokens` tokens counts at: itself up to EXACT_TOKENS, else
+    the nearest (by ratio; the lower on a tie) of m x 2^j for m in 4, 5, 6."""
+    if num_tokens <= EXACT_TOKENS:
+        return num_tokens
+    octave = 1 << (num_tokens.bit_length() - 1)  # <= num_tokens < 2 x octave
+    candidates = [octave * m // 4 for m in (4, 5, 6, 8)]  # the next octave's first too
+    return min(candidates, key=lambda g: (max(g / num_tokens, num_tokens / g), g))
 
 
 def batch_bucket(num_seqs: int) -> int:
@@ -64,6 +79,9 @@ class OnlineStepTimes:
         sequences in `seconds`."""
         if num_tokens < 1 or num_seqs < 1 or not seconds > 0:
             return
+        point = grid_point(num_tokens)
+        seconds *= point / num_tokens
+        num_tokens = point
         bucket = batch_bucket(num_seqs)
         points = self.estimates.setdefault(bucket, {})
         est = points.get(num_tokens)
