@@ -309,10 +309,13 @@ class ModelPool:
         once `end_waiting` ran."""
         task = asyncio.ensure_future(waiter)
         stop = self._stop()
-        done, _ = await asyncio.wait({task, stop}, timeout=timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait({task, stop}, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:  # timed out, stopped or cancelled (the client left): nobody reads it
+            if not task.done():
+                task.cancel()
         if task not in done:
-            task.cancel()
             raise shutting_down() if stop in done else busy(slot.name, self.wait_s)
         task.result()
 
@@ -442,14 +445,14 @@ class ModelPool:
         gone). Raises what the load raised."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("the server is shutting down")
+                raise shutting_down()
             running = self._load_running = self._loads.submit(self._load, path)
-        try:
-            return await asyncio.wrap_future(running)
-        finally:
-            with self._lock:
-                if self._load_running is running and running.done():
-                    self._load_running = None
+        # cancelled here (the server stopped) it stays in `_load_running` for `close`
+        engine = await asyncio.wrap_future(running)
+        with self._lock:  # taken: `_work` owns the engine now
+            if self._load_running is running:
+                self._load_running = None
+        return engine
 
     def _estimate(self, slot: Slot) -> int:
         return file_size(slot.model.path) + self._kv_estimate
@@ -502,7 +505,7 @@ class ModelPool:
         would hold the process anyway."""
         with self._lock:
             self._closed = True
-            running = self._load_running
+            running, self._load_running = self._load_running, None
         engines = [s.engine for s in self._order if s.engine is not None]
         for slot in self._order:
             slot.engine = None
@@ -511,7 +514,7 @@ class ModelPool:
         if running is not None:
             try:
                 made = running.result()
-            except BaseException:  # noqa: BLE001 - its requests were answered; nothing to free
+            except Exception:  # noqa: BLE001 - its requests were answered; nothing to free
                 made = None
             if made is not None and all(made is not e for e in engines):
                 engines.append(made)

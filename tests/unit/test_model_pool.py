@@ -217,7 +217,13 @@ async def test_a_shutdown_answers_the_waiting_and_frees_the_model_loading(store:
         await pool.acquire("c")
     assert late.value.code == "server_shutting_down"
     (await pool.acquire(None)).release()  # a loaded model's requests are the streams' end
-    # the server has stopped, the load still runs: `close` waits for it and frees its engine
+    # the server stops: its event loop cancels the load worker mid-load, and then `close`
+    # waits for the load still running in its thread and frees the engine it made
+    worker = pool._worker
+    assert worker is not None
+    worker.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await worker
     closing = asyncio.create_task(asyncio.to_thread(pool.close))
     await asyncio.sleep(0.1)
     assert not closing.done()
@@ -225,6 +231,32 @@ async def test_a_shutdown_answers_the_waiting_and_frees_the_model_loading(store:
     await asyncio.wait_for(closing, 5)
     assert [e.path.stem for e in loader.made] == ["b"]
     assert loader.made[0].closed.is_set() and first.closed.is_set()
+
+
+async def test_a_load_that_ends_as_the_server_stops_is_freed_too(store: Path) -> None:
+    import time
+
+    loader = Loader()
+    loader.gate = threading.Event()
+    pool, _ = make_pool(store, loader)
+    waiter = asyncio.create_task(pool.acquire("b"))
+    await asyncio.sleep(0.05)
+    pool.end_waiting()
+    with pytest.raises(APIError):
+        await waiter
+    # the load ends in its thread, and the loop is stopped before the worker takes the engine
+    loader.gate.set()
+    deadline = time.monotonic() + 5
+    while not loader.made and time.monotonic() < deadline:
+        time.sleep(0.01)  # blocking: the worker cannot run in between
+    time.sleep(0.05)
+    assert pool._worker is not None
+    pool._worker.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await pool._worker
+    assert pool.slot("b").engine is None
+    await asyncio.to_thread(pool.close)
+    assert [e.path.stem for e in loader.made] == ["b"] and loader.made[0].closed.is_set()
 
 
 class YieldingRunner:

@@ -33,10 +33,12 @@ def test_past_its_last_point_a_curve_never_rises_slower_than_its_mean_cost_per_t
     # no point past 12, while a step of 16 sequences costs 17.5 ms a row: extrapolated with
     # the last segment, 8 drafts at 94% looked like they paid at 16 users, and lost 7-24%
     c = StepTimeCurve({1: 0.0283, 8: 0.2192, 10: 0.2566, 12: 0.2819})
-    assert c(16) == pytest.approx(0.2819 * 16 / 12)
+    slope = (0.2819 - c(6)) / 6  # over the upper half, t(6) to t(12): 19.5 ms a token
+    assert c(16) == pytest.approx(0.2819 + 4 * slope) and slope > 0.0195
     assert allocate_drafts(c, [1] * 16, 16, [[0.94] * 8] * 16, [8] * 16) == [0] * 16
     steep_end = StepTimeCurve({1: 1.0, 2: 1.1, 3: 3.0})  # the last segment is the steeper
     assert steep_end(5) == pytest.approx(3.0 + 2 * 1.9)
+    assert FLAT(128) == pytest.approx(1.05 + 64 * (1.05 - FLAT(32)) / 32)  # flat stays flat
 
 
 def test_flat_curve_gets_long_drafts():
@@ -160,3 +162,49 @@ def test_acceptance_bound_never_skips_what_allocate_drafts_would_give():
         skipped += not may
         drafted += any(ks)
     assert skipped > 50 and drafted > 50  # both kinds of case were met
+
+
+def test_decodes_in_slots_apart_are_timed_apart_by_the_bounds_too():
+    # four decodes in slots 0, 2, 4, 6 run as four one-token micro-batches (t = 4, not
+    # t(4) = 2.14): against that, 3 drafts each at 0.7 pay, and the bound must say they may
+    slots = [0, 2, 4, 6]
+    plain = step_seconds(CPU, [1] * 4, True, slots)
+    assert plain == 4.0
+    assert allocate_drafts(CPU, [1] * 4, 4, [[0.7] * 8] * 4, [8] * 4, equal_split=True,
+                           slots=slots) == [3, 3, 3, 3]
+    assert drafts_may_pay(CPU, 4, 4, [0.7] * 4, 8, 32, plain)
+    assert not drafts_may_pay(CPU, 4, 4, [0.7] * 4, 8, 32)  # timed as one step of 4
+
+
+def test_the_bounds_hold_beside_prompt_chunks_and_with_slots_split_apart():
+    """`_may_pay`'s bounds, with the baseline the speculator gives them (the decodes alone,
+    timed by slot), never skip what `allocate_drafts` would give: with prompts in the step
+    (1-token ones too: a prefix-cache hit) and decodes in slots that are not adjacent.
+    The curves are concave, as measured ones are (flat on a GPU, near-linear on a CPU): a
+    token added to a step never costs more than the one before it, so a draft that makes a
+    micro-batch of its own costs at least what it would add to one step of the total."""
+    rng = random.Random(1)
+    skipped = drafted = 0
+    for _ in range(600):
+        n, prompts = rng.randint(1, 4), rng.randint(0, 2)
+        points, t, slope = {1: 1.0}, 1.0, 1.0
+        for k in (2, 3, 4, 6, 8, 12, 16, 32, 64):
+            slope *= rng.uniform(0.5, 1.0)
+            t += slope * (k - max(points))
+            points[k] = t
+        curve = StepTimeCurve(points)
+        counts = [1] * n + [rng.choice([1, 5, 40]) for _ in range(prompts)]
+        slots = rng.sample(range(12), n + prompts)
+        split = rng.random() < 0.5
+        ceilings = [rng.random() for _ in range(n)]
+        rates = [[rng.uniform(0.0, c) for _ in range(8)] for c in ceilings]
+        ks = allocate_drafts(curve, counts, n, rates, [8] * n, list(range(n)), split,
+                             slots=slots, margin=0.0,
+                             decodes=[True] * n + [False] * prompts)
+        plain = step_seconds(curve, [1] * n, split, slots[:n])
+        may = drafts_may_pay(curve, sum(counts), n, ceilings, 8, 8 * n, plain)
+        assert may or not any(ks), (points, counts, slots, split, ceilings, ks)
+        assert drafts_can_pay(curve, sum(counts), n, 8 * n, 1.0, plain) or not any(ks)
+        skipped += not may
+        drafted += any(ks)
+    assert skipped > 50 and drafted > 50

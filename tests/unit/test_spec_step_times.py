@@ -90,6 +90,13 @@ def test_long_steps_count_at_a_grid_point_so_many_sequences_learn_their_curve():
     curve = online.curve(16)
     assert curve(32) == pytest.approx(0.56)
     assert curve(8) == pytest.approx(0.080 * 0.56 / (0.080 * 32 / 8))  # scaled to t(32)
+    # scaled by the profile's shape, not by tokens: past 8 this one is flat (2 ms a token)
+    flat = OnlineStepTimes({1: 0.010, 8: 0.080, 16: 0.096})
+    flat.observe(17, 16, 0.100)
+    assert flat.snapshot() == {16: {16: (pytest.approx(0.100 * 0.096 / 0.098), 1)}}
+    # estimates saved off the grid (before it) are dropped, not kept unchanged forever
+    saved = OnlineStepTimes(BASE, {16: {17: (0.3, 9), 16: (0.28, 5)}, 1: {9: (0.09, 4)}})
+    assert saved.snapshot() == {16: {16: (0.28, 5)}}
 
 
 def test_estimates_persist_and_start_a_new_engine(monkeypatch):

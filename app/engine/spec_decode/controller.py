@@ -32,10 +32,10 @@ from collections.abc import Mapping, Sequence
 
 class StepTimeCurve:
     """t(n) in seconds, linear between measured points, made non-decreasing, extrapolated
-    past the last point with the steeper of the last segment's slope and the mean cost per
-    token there, t(last) / last: one noisy last segment (a profile's t(10) to t(12)) must
-    not make the long steps of many sequences look cheap, which would hand them drafts
-    that cannot pay.
+    past the last point with the steeper of the last segment's slope and the mean slope
+    over the upper half of the measured range (t(last/2) to t(last)): one noisy last
+    segment (a profile's t(10) to t(12)) must not make the long steps of many sequences
+    look cheap, which would hand them drafts that cannot pay; a flat curve stays flat.
 
     Args:
         points: {tokens in the step: seconds}; at least one point with n >= 1.
@@ -57,9 +57,11 @@ class StepTimeCurve:
             return ts[0] * n / ns[0] if n < ns[0] else ts[0]
         i = bisect_left(ns, n)
         if i == len(ns):
-            slope = ts[-1] / ns[-1]
-            if len(ns) > 1:
-                slope = max(slope, (ts[-1] - ts[-2]) / (ns[-1] - ns[-2]))
+            if len(ns) == 1:
+                return ts[0] * n / ns[0]
+            half = max(ns[0], ns[-1] // 2)
+            slope = (ts[-1] - self(half)) / (ns[-1] - half) if half < ns[-1] else 0.0
+            slope = max(slope, (ts[-1] - ts[-2]) / (ns[-1] - ns[-2]))
             return ts[-1] + slope * (n - ns[-1])
         if ns[i] == n:
             return ts[i]
@@ -159,34 +161,41 @@ BEST_ACCEPTANCE = 0.95
 
 
 def drafts_can_pay(curve: StepTimeCurve, total: int, num_decoding: int, max_drafts: int,
-                   best_rate: float = BEST_ACCEPTANCE) -> bool:
+                   best_rate: float = BEST_ACCEPTANCE, plain: float | None = None) -> bool:
     """Whether any number of draft tokens D <= `max_drafts` could raise tokens per second
-    for a step of `total` tokens, were each draft gaining `best_rate` tokens: an upper
-    bound (a step never costs less than t(total + D)), so False means k = 0 for everyone
-    without looking at the drafts."""
-    plain, t_base = _plain_and_base(curve, total, num_decoding)
+    for a step of `total` tokens, `num_decoding` of them decodes, were each draft gaining
+    `best_rate` tokens, with drafts charged t(total + D) - t(total) against the decodes
+    alone (`plain` seconds: `allocate_drafts`'s baseline, by default t(num_decoding)): an
+    upper bound, so False means k = 0 for everyone without looking at the drafts."""
+    plain, t_base = _plain_and_base(curve, total, num_decoding, plain)
     base = num_decoding / plain
     return any((num_decoding + d * best_rate) / (plain + curve(total + d) - t_base) > base
                for d in range(1, max_drafts + 1))
 
 
-def _plain_and_base(curve: StepTimeCurve, total: int, num_decoding: int) -> tuple[float, float]:
-    """(t(decodes), t(n_base)) of a step of `total` tokens, `num_decoding` of them decodes."""
+def _plain_and_base(curve: StepTimeCurve, total: int, num_decoding: int,
+                    plain: float | None) -> tuple[float, float]:
+    """(t(decodes), t(n_base)) of a step of `total` tokens, `num_decoding` of them decodes;
+    `plain`, when given, is t(decodes)."""
     t_base = curve(max(total, 1))
-    return (curve(num_decoding) if num_decoding else t_base), t_base
+    if plain is None:
+        plain = curve(num_decoding) if num_decoding else t_base
+    return plain, t_base
 
 
 def drafts_may_pay(curve: StepTimeCurve, total: int, num_decoding: int,
-                   ceilings: Sequence[float], max_k: int, max_drafts: int) -> bool:
+                   ceilings: Sequence[float], max_k: int, max_drafts: int,
+                   plain: float | None = None) -> bool:
     """Whether drafts could raise tokens per second for a step of `total` tokens with
-    `num_decoding` decoding sequences, where the candidates' conditional acceptance rates are
-    at most `ceilings` (one per candidate, `AcceptanceEstimate.ceiling`). Candidate i's j-th
-    draft token (j <= `max_k`) gains at most ceiling_i ** j, the product of j rates each at
-    most ceiling_i, so `allocate_drafts`'s D largest gains are at most the D largest of those
-    (D <= `max_drafts`): False means it would give every candidate k = 0."""
+    `num_decoding` decoding sequences (`plain`: as `drafts_can_pay`), where the candidates'
+    conditional acceptance rates are at most `ceilings` (one per candidate,
+    `AcceptanceEstimate.ceiling`). Candidate i's j-th draft token (j <= `max_k`) gains at
+    most ceiling_i ** j, the product of j rates each at most ceiling_i, so
+    `allocate_drafts`'s D largest gains are at most the D largest of those (D <=
+    `max_drafts`): False means it would give every candidate k = 0."""
     gains = sorted((c ** j for c in ceilings if c > 0 for j in range(1, max_k + 1)),
                    reverse=True)[:max(max_drafts, 0)]
-    plain, t_base = _plain_and_base(curve, total, num_decoding)
+    plain, t_base = _plain_and_base(curve, total, num_decoding, plain)
     base = num_decoding / plain
     expected = float(num_decoding)
     for d, gain in enumerate(gains, 1):
@@ -202,7 +211,8 @@ def allocate_drafts(curve: StepTimeCurve, base_counts: Sequence[int], num_decodi
                     draft_curve: StepTimeCurve | None = None,
                     is_draft: Sequence[bool] | None = None,
                     slots: Sequence[int] | None = None,
-                    margin: float = DRAFT_MARGIN) -> list[int]:
+                    margin: float = DRAFT_MARGIN,
+                    decodes: Sequence[bool] | None = None) -> list[int]:
     """Draft tokens per candidate sequence.
 
     Args:
@@ -217,6 +227,8 @@ def allocate_drafts(curve: StepTimeCurve, base_counts: Sequence[int], num_decodi
         equal_split: the runner's `capabilities.equal_split` (see `step_seconds`).
         slots: the slot of each sequence in `base_counts` (for `equal_split`).
         margin: drafts must beat no drafts by this fraction of tokens per second.
+        decodes: which `base_counts` entries are decodes, the baseline's step (default:
+            the 1-token entries).
         draft_curve, is_draft: a draft model's step-time curve, and which candidates it
             drafts for: their j-th tokens cost one draft step over every sequence drafting
             at least j tokens, sum_j t_draft(m_j), on top of the target's step.
@@ -230,9 +242,11 @@ def allocate_drafts(curve: StepTimeCurve, base_counts: Sequence[int], num_decodi
             heapq.heappush(heap, (-r[0], i, 0))
     ks = [0] * len(caps)
     base_s = step_seconds(curve, counts, equal_split, slots)
-    # the decodes alone (a 1-token entry is a decode): the rate drafts must beat
-    plain_s = step_seconds(curve, [c if c == 1 else 0 for c in counts], equal_split,
-                           slots) or base_s
+    # the decodes alone: the rate drafts must beat (a step without any: the whole step)
+    if decodes is None:
+        decodes = [c == 1 for c in counts]
+    plain_s = step_seconds(curve, [c if d else 0 for c, d in zip(counts, decodes, strict=True)],
+                           equal_split, slots) or base_s
     base_rate = num_decoding / max(plain_s, 1e-12)
     best_rate = base_rate * (1 + margin)
     best_d, taken = 0, []

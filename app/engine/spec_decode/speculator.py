@@ -41,6 +41,7 @@ from app.engine.spec_decode.controller import (
     allocate_drafts,
     drafts_can_pay,
     drafts_may_pay,
+    step_seconds,
 )
 from app.engine.spec_decode.draft_model import PENDING, DraftModelProposer
 from app.engine.spec_decode.forced import FORCED, ForcedProposer
@@ -188,6 +189,7 @@ class Speculator:
         num_decoding = 0
         counts: list[int] = []  # tokens per sequence in the step, without drafts
         slots: list[int] = []
+        decodes: list[bool] = []  # per entry of `counts`: a decode (else a prompt chunk)
         owners: list[int] = []
         candidates: list[tuple[Request, str, list[int]]] = []
         running, waiting = list(running), list(waiting)
@@ -231,7 +233,8 @@ class Speculator:
             left -= todo
             counts.append(todo)
             slots.append(r.slot)
-            if todo != 1 or r.num_tokens - r.num_computed_tokens != 1:
+            decodes.append(todo == 1 and r.num_tokens - r.num_computed_tokens == 1)
+            if not decodes[-1]:
                 continue  # a prefill chunk
             num_decoding += 1
             if r in reasons:
@@ -261,6 +264,7 @@ class Speculator:
             left -= todo
             counts.append(todo)
             slots.append(next(free))
+            decodes.append(False)
         if not candidates:
             self._count(reasons, drafted=False)
             return
@@ -272,7 +276,8 @@ class Speculator:
             ks = allocate_drafts(curve, counts, num_decoding, rates,
                                  [len(d) for _, _, d, _ in candidates], owners,
                                  self.equal_split, self.draft_curve,
-                                 [kind == "draft" for _, kind, _, _ in candidates], slots)
+                                 [kind == "draft" for _, kind, _, _ in candidates], slots,
+                                 decodes=decodes)
         for (r, kind, drafts, n_forced), k in zip(candidates, ks, strict=True):
             self.stats.chosen_k[k] += 1
             if k:
@@ -432,22 +437,28 @@ class Speculator:
         steep curve a sequence whose drafts are accepted 60% of the time cannot gain
         (`drafts_may_pay`; "no_gain"). Either means `allocate_drafts` would give every
         sequence k = 0."""
-        total = decoding = 0
+        total = 0
+        decoding: list[int] = []  # the decodes' slots
         for r in running:
             todo = r.num_tokens - r.num_computed_tokens
             total += todo
-            decoding += todo == 1
+            if todo == 1:
+                decoding.append(r.slot)
         total += sum(r.num_tokens - r.num_computed_tokens for r in waiting)
+        # the decodes alone, as `allocate_drafts` times them (in micro-batches by slot
+        # with equal_split): the baseline both bounds share with it
+        plain = step_seconds(curve, [1] * len(decoding), self.equal_split, decoding) or None
         # forced drafts may be accepted above BEST_ACCEPTANCE: bound with 1 then
-        key = (id(curve), min(total, budget), decoding, bool(forced))
-        max_drafts = min(decoding * self.max_k, budget - key[1])
+        key = (id(curve), min(total, budget), len(decoding), bool(forced), plain)
+        max_drafts = min(len(decoding) * self.max_k, budget - key[1])
         if len(self._can_pay) > 4096:
             self._can_pay.clear()
         verdict = self._can_pay.get(key)
         if verdict is None:
             # the draft model's own cost only lowers the bound: leave it out
             verdict = self._can_pay[key] = drafts_can_pay(
-                curve, key[1], decoding, max_drafts, 1.0 if forced else BEST_ACCEPTANCE)
+                curve, key[1], len(decoding), max_drafts,
+                1.0 if forced else BEST_ACCEPTANCE, plain)
         if not verdict:
             return "step_cost"
         ceilings = tuple(self._ceiling(r, r in forced) for r in running
@@ -455,7 +466,7 @@ class Speculator:
         verdict = self._can_pay.get((key, ceilings))
         if verdict is None:
             verdict = self._can_pay[key, ceilings] = drafts_may_pay(
-                curve, key[1], decoding, ceilings, self.max_k, max_drafts)
+                curve, key[1], len(decoding), ceilings, self.max_k, max_drafts, plain)
         return None if verdict else "no_gain"
 
     def _ceiling(self, r: Request, forced: bool = False) -> float:

@@ -9,8 +9,8 @@ step's weight decays by 1 - ALPHA per later observation of the same point, and a
 observation is first clipped to [1/CLIP, CLIP] x the current estimate (the first one: x the
 profile's value at n), so one step slowed by a burst of other work moves it by at most
 ALPHA x (CLIP - 1). Past EXACT_TOKENS a step counts at the nearest point of a grid of
-three per octave (10, 12, 16, 20, 24, 32, ...; `grid_point`), its time scaled by grid
-point / n: with many sequences the verify steps rarely repeat an n (17 to 80 rows at 16
+three per octave (10, 12, 16, 20, 24, 32, ...; `grid_point`), its time scaled by the
+profile's t(point) / t(n): with many sequences the verify steps rarely repeat an n (17 to 80 rows at 16
 users), and without the grid no point past the profile's last would ever gather
 MIN_SAMPLES. An estimate with
 MIN_SAMPLES observations replaces the profile's value at its n in that bucket's curve;
@@ -65,8 +65,9 @@ class OnlineStepTimes:
                  persist: Callable[[dict[int, dict[int, tuple[float, int]]]], None] | None = None):
         self.base = {int(n): float(t) for n, t in base.items()}
         self.base_curve = StepTimeCurve(self.base)
-        self.estimates: dict[int, dict[int, list[float]]] = {
-            int(b): {int(n): [float(t), int(c)] for n, (t, c) in pts.items() if t > 0}
+        self.estimates: dict[int, dict[int, list[float]]] = {  # saved off the grid: dropped
+            int(b): {int(n): [float(t), int(c)] for n, (t, c) in pts.items()
+                     if t > 0 and grid_point(int(n)) == int(n)}
             for b, pts in (estimates or {}).items()}
         self.persist = persist
         self.version = 0  # incremented whenever a published curve changes
@@ -80,8 +81,9 @@ class OnlineStepTimes:
         if num_tokens < 1 or num_seqs < 1 or not seconds > 0:
             return
         point = grid_point(num_tokens)
-        seconds *= point / num_tokens
-        num_tokens = point
+        if point != num_tokens:
+            seconds *= self.base_curve(point) / self.base_curve(num_tokens)
+            num_tokens = point
         bucket = batch_bucket(num_seqs)
         points = self.estimates.setdefault(bucket, {})
         est = points.get(num_tokens)
