@@ -12,12 +12,11 @@ where t(decodes) is the step of the decoding sequences alone and n_base the step
 without drafts (prompt chunks included): the drafts are charged what they add to the step,
 and measured against plain decoding. A prompt chunk in the step must be computed anyway;
 counted in the base rate, it made drafts look cheap beside it (t(n_base) is large), while
-on a compute-bound machine each draft row costs what a decode row does anywhere (16
-users, Qwen2.5-1.5B here: drafts in the steps that carried other users' prompts lost 11%).
-The marginal gain of a sequence's j-th draft token is the probability that drafts
-1..j are all accepted (the product of its per-position acceptance estimates), so each
-sequence's gains fall with j and taking the D largest hands out tokens one at a time to
-the sequence with the most to gain. Evaluating every D (not stopping at the first D that
+on a compute-bound machine each draft row costs what a decode row does anywhere (README,
+"Many users: drafts charged what they add"). The marginal gain of a sequence's j-th draft
+token is the probability that drafts 1..j are all accepted (the product of its
+per-position acceptance estimates), so each sequence's gains fall with j and taking the D
+largest hands out tokens one at a time to the sequence with the most to gain. Evaluating every D (not stopping at the first D that
 does not pay) keeps a curve with flat stretches from hiding a longer draft that pays. D = 0
 wins whenever the step is compute-bound: then every sequence gets k = 0 and the step is
 the plain decode step.

@@ -10,11 +10,11 @@ observation is first clipped to [1/CLIP, CLIP] x the current estimate (the first
 profile's value at n), so one step slowed by a burst of other work moves it by at most
 ALPHA x (CLIP - 1). Past EXACT_TOKENS a step counts at the nearest point of a grid of
 three per octave (10, 12, 16, 20, 24, 32, ...; `grid_point`), its time scaled by the
-profile's t(point) / t(n): with many sequences the verify steps rarely repeat an n (17 to 80 rows at 16
-users), and without the grid no point past the profile's last would ever gather
-MIN_SAMPLES. An estimate with
-MIN_SAMPLES observations replaces the profile's value at its n in that bucket's curve;
-the other points are the profile's scaled to the nearest estimate (`_rescaled`).
+profile's t(point) / t(n): with many sequences the verify steps rarely repeat an n, and
+without the grid no point past the profile's last would ever gather MIN_SAMPLES. An
+estimate with MIN_SAMPLES observations replaces the profile's value at its n in that
+bucket's curve; the other points are the profile's scaled to the nearest estimate
+(`_rescaled`).
 
 Curves are published (rebuilt) only when an estimate first counts or moves more than
 PUBLISH_CHANGE from the value the published curve has, so the controller's per-shape
