@@ -16,10 +16,10 @@ on a compute-bound machine each draft row costs what a decode row does anywhere 
 "Many users: drafts charged what they add"). The marginal gain of a sequence's j-th draft
 token is the probability that drafts 1..j are all accepted (the product of its
 per-position acceptance estimates), so each sequence's gains fall with j and taking the D
-largest hands out tokens one at a time to the sequence with the most to gain. Evaluating every D (not stopping at the first D that
-does not pay) keeps a curve with flat stretches from hiding a longer draft that pays. D = 0
-wins whenever the step is compute-bound: then every sequence gets k = 0 and the step is
-the plain decode step.
+largest hands out tokens one at a time to the sequence with the most to gain. Evaluating
+every D (not stopping at the first D that does not pay) keeps a curve with flat stretches
+from hiding a longer draft that pays. D = 0 wins whenever the step is compute-bound: then
+every sequence gets k = 0 and the step is the plain decode step.
 """
 
 from __future__ import annotations
