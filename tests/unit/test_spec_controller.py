@@ -12,6 +12,7 @@ from app.engine.spec_decode.controller import (
     drafts_may_pay,
     step_seconds,
 )
+from app.engine.types import SamplingParams
 from tests.unit.helpers import MEASURED_CPU
 
 # t(n)/t(1) measured on this project's 2-core CPU (raw llama.cpp, embedded model)
@@ -174,6 +175,29 @@ def test_decodes_in_slots_apart_are_timed_apart_by_the_bounds_too():
                            slots=slots) == [3, 3, 3, 3]
     assert drafts_may_pay(CPU, 4, 4, [0.7] * 4, 8, 32, plain)
     assert not drafts_may_pay(CPU, 4, 4, [0.7] * 4, 8, 32)  # timed as one step of 4
+
+
+class Decoding:
+    """A running request with one token to compute (a decode) in `slot`, whose drafts'
+    acceptance is estimated at most 0.7 (`Speculator._ceiling`)."""
+
+    def __init__(self, slot: int):
+        self.num_tokens, self.num_computed_tokens, self.slot = 10, 9, slot
+        self.params = SamplingParams(temperature=0)
+        self.spec_state = {"ceiling": 0.7}
+
+
+def test_the_speculator_times_the_decodes_by_slot_for_its_bounds():
+    from app.engine.config import SpecConfig
+    from app.engine.spec_decode.speculator import Speculator
+
+    def why(slots: list[int], equal_split: bool) -> str | None:
+        spec = Speculator(SpecConfig(mode="auto"), CPU, 1024, equal_split=equal_split)
+        return spec._may_pay(CPU, [Decoding(s) for s in slots], [], 64, {})
+
+    assert why([0, 2, 4, 6], True) is None  # four micro-batches: drafts may pay (above)
+    assert why([0, 1, 2, 3], True) == "no_gain"  # one micro-batch of 4: they cannot
+    assert why([0, 2, 4, 6], False) == "no_gain"
 
 
 def test_the_bounds_hold_beside_prompt_chunks_and_with_slots_split_apart():
