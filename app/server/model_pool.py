@@ -509,9 +509,9 @@ class ModelPool:
         engines = [s.engine for s in self._order if s.engine is not None]
         for slot in self._order:
             slot.engine = None
-        if running is not None and not running.done():
-            print("tandem: waiting for a model load to finish before exiting", flush=True)
         if running is not None:
+            if not running.done():
+                print("tandem: waiting for a model load to finish before exiting", flush=True)
             try:
                 made = running.result()
             except Exception:  # noqa: BLE001 - its requests were answered; nothing to free
