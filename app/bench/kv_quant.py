@@ -17,7 +17,12 @@ from a seeded generator, so every run and machine reads the same words; its firs
 - speed: prefill tokens/s (the text, logits of each chunk's last token only, as the engine
   prefills) and decode tokens/s (greedy, `--decode-tokens` one-token steps after the text),
   the median of `--rounds` rounds whose order of types alternates, and the ratios to f16.
-  Noisy on a busy machine: compare ratios from one run, on a quiet one.
+  Noisy on a busy machine: compare ratios from one run, on a quiet one;
+- the ceiling: the same decode through llama.cpp alone (`raw_decode`: llama-cpp-python's
+  low-level API, one context per type with flash attention on, the runner's weights, no
+  tandem code between steps), in the same rounds; `raw_decode_ratio` is what llama.cpp's
+  own kernels give a quantized cache on this machine, which the runner's ratio cannot beat
+  by more than its fixed per-step overhead shrinks it.
 
 `--backend mlx` measures the MLX runner instead: its f16 pool against its q8_0 one (MLX's
 affine 8 bits, group 64), the same quality and speed figures, and the pool's bytes per token
@@ -167,6 +172,92 @@ def _timed_pass(runner, tokens: list[int], decode_tokens: int, table: list[int]
     return prefill, decode
 
 
+class RawDecoder:
+    """llama.cpp alone, the ceiling of the runner's decode: one context per KV type on one
+    `llama_model` (loaded with `repack` as the runner loads it), each one sequence of `n_ctx`
+    tokens, flash attention on, `type_k` = `type_v`, `threads` threads, driven through
+    llama-cpp-python's low-level API with `llama_batch_get_one` and nothing else between the
+    steps. `close()` frees the contexts and the model. Raises ValueError if llama.cpp cannot
+    load the model or create a context."""
+
+    def __init__(self, path: str, kv_types: list[str], n_ctx: int, threads: int,
+                 repack: bool):
+        import llama_cpp as L
+
+        from backends.llamacpp import runtime
+        from backends.llamacpp.runner import GGML_KV_TYPE
+
+        self._L = L
+        self._model, _ = runtime.load_model(path, repack)
+        self._contexts: dict[str, object] = {}
+        try:
+            for t in kv_types:
+                cp = L.llama_context_default_params()
+                cp.n_ctx = n_ctx
+                cp.n_batch = cp.n_ubatch = CHUNK
+                cp.n_seq_max = 1
+                cp.n_threads = cp.n_threads_batch = threads
+                cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+                cp.type_k = cp.type_v = GGML_KV_TYPE[t]
+                self._contexts[t] = L.llama_init_from_model(self._model, cp)
+                if not self._contexts[t]:
+                    raise ValueError(f"llama.cpp could not create a {t} KV context")
+        except BaseException:
+            self.close()
+            raise
+
+    def _decode(self, ctx, tokens: list[int]) -> None:
+        L = self._L
+        ids = (L.llama_token * len(tokens))(*tokens)
+        if L.llama_decode(ctx, L.llama_batch_get_one(ids, len(tokens))) != 0:
+            raise ValueError("llama_decode failed")
+
+    def prefill(self, kv_type: str, tokens: list[int]) -> np.ndarray:
+        """Empty the `kv_type` context, compute `tokens` in `CHUNK`-token steps; the last
+        token's logits, float32 `[n_vocab]` (a copy)."""
+        L, ctx = self._L, self._contexts[kv_type]
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        for start in range(0, len(tokens), CHUNK):
+            self._decode(ctx, tokens[start:start + CHUNK])
+        n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self._model))
+        return np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), (n_vocab,)).copy()
+
+    def decode_tok_s(self, kv_type: str, tokens: list[int], decode_tokens: int) -> float:
+        """Prefill `tokens`, then `decode_tokens` one-token steps (the text's tokens again:
+        the time does not depend on which); their tokens per second."""
+        self.prefill(kv_type, tokens)
+        ctx = self._contexts[kv_type]
+        t0 = time.perf_counter()
+        for i in range(decode_tokens):
+            self._decode(ctx, [tokens[i % len(tokens)]])
+        return decode_tokens / (time.perf_counter() - t0)
+
+    def close(self) -> None:
+        for ctx in self._contexts.values():
+            if ctx:
+                self._L.llama_free(ctx)
+        self._contexts = {}
+        if self._model is not None:
+            self._L.llama_model_free(self._model)
+            self._model = None
+
+
+def raw_decode(path: str, kv_types: list[str], tokens: list[int], decode_tokens: int,
+               rounds: int, threads: int, repack: bool) -> dict[str, float]:
+    """{KV type: decode tokens/s of llama.cpp alone (`RawDecoder`) after `tokens`}, the
+    median of `rounds` rounds whose order of types alternates."""
+    raw = RawDecoder(path, kv_types, -(-(len(tokens) + decode_tokens + 1) // 256) * 256,
+                     threads, repack)
+    try:
+        speeds: dict[str, list[float]] = {t: [] for t in kv_types}
+        for rnd in range(rounds):
+            for t in kv_types if rnd % 2 == 0 else kv_types[::-1]:
+                speeds[t].append(raw.decode_tok_s(t, tokens, decode_tokens))
+        return {t: median(v) for t, v in speeds.items()}
+    finally:
+        raw.close()
+
+
 def _text_tokens(tokenizer, n_tokens: int) -> list[int]:
     """The first `n_tokens` tokens of `fixed_text`. Raises ValueError if it is shorter."""
     tokens = tokenizer.encode(fixed_text(), add_special=True)
@@ -221,6 +312,8 @@ def measure(path: str, n_tokens: int = 2000, threads: int | None = None, rounds:
             r.release(0, 0)
             state_bytes[t] = (state_bytes[t] - len(r._memory.state_get(0))) / n_tokens
         speeds = _speeds(runners, tokens, decode_tokens, rounds, table)
+        raw = raw_decode(path, list(runners), tokens, decode_tokens, rounds, ref.n_threads,
+                         ref.repack.repack)
         budget = DEFAULT_SERVE[0] * DEFAULT_SERVE[1] * kv_token_bytes(
             info.n_layers, info.n_kv_heads, info.head_dim, "f16")
         out: dict = {"model": info.name, "path": path, "tokens": n_tokens,
@@ -240,11 +333,13 @@ def measure(path: str, n_tokens: int = 2000, threads: int | None = None, rounds:
                    "flash_attn": r.flash_attn,
                    f"sequences_x_{seq_tokens}": seqs,
                    "context_at_16_sequences": budget // (16 * bpt),
-                   "prefill_tok_s": round(prefill, 1), "decode_tok_s": round(decode, 1)}
-            f16 = f16 or (bpt, seqs, prefill, decode)
+                   "prefill_tok_s": round(prefill, 1), "decode_tok_s": round(decode, 1),
+                   "raw_decode_tok_s": round(raw[t], 1)}
+            f16 = f16 or (bpt, seqs, prefill, decode, raw[t])
             row.update({"kv_bytes_ratio": bpt / f16[0], "sequences_ratio": seqs / f16[1],
                         "prefill_ratio": round(prefill / f16[2], 3),
-                        "decode_ratio": round(decode / f16[3], 3)})
+                        "decode_ratio": round(decode / f16[3], 3),
+                        "raw_decode_ratio": round(raw[t] / f16[4], 3)})
             out["types"][t] = row
         return out
     finally:

@@ -4,6 +4,11 @@ For each schema of the structured-output bench (`app.bench.structured.SCHEMAS`) 
 instance (`INSTANCES`, written as the grammar's whitespace allows) is tokenized by the model
 and walked by a fresh matcher, token by token. At every position:
 - `fill`: the one-row mask (`constrain.mask.fill_masks`), as a sequence without drafts gets;
+  `fill_default_slices` the same mask from a vocabulary view with llguidance's own slices
+  (the baseline of `vocab.STRING_SLICES`), whose masks must be equal (`masks_equal`);
+- `fill_cold` (first pass only): the same fill right after reading `COLD_BYTES` of memory,
+  as a decode step's weights stream through the caches before the engine fills the next
+  masks: what the fill costs inside `tandem serve` on this machine;
 - `apply`: that row applied to a logits row of the model's width (`apply_masks`), and the
   baseline `apply_unpacked` (unpack the whole row, one masked copy) on the same row, so the
   ratio comes from one run;
@@ -35,6 +40,8 @@ from app.engine.constrain.mask import (
 )
 from models.registry import DEFAULT_MODEL
 
+COLD_BYTES = 256 << 20  # read before a `fill_cold`: larger than any CPU's last-level cache
+
 # One valid output per schema of `SCHEMAS`, in order.
 INSTANCES: list[dict] = [
     {"id": 4211, "customer": "Ada Lovelace", "items": [{"sku": "AB-12", "qty": 2},
@@ -59,22 +66,38 @@ def _timed(fn, *args) -> tuple[float, object]:
 def measure(tokenizer, width: int, eos: list[int], rounds: int = 3, seed: int = 0) -> dict:
     """The module docstring's timings for a model's `tokenizer` with `width` logits."""
     compiler = GrammarCompiler(tokenizer, width)
+    baseline = GrammarCompiler(tokenizer, width, slices=None)
     rng = np.random.default_rng(seed)
     source = rng.standard_normal(width).astype(np.float32)
     row = np.empty((1, width), dtype=np.float32)
+    cold = np.ones(COLD_BYTES // 8, dtype=np.int64)
     t: dict[str, list[float]] = {k: [] for k in
-                                 ("fill", "apply", "apply_unpacked", "forced_row",
-                                  "forced_seq")}
+                                 ("fill", "fill_cold", "fill_default_slices", "apply",
+                                  "apply_unpacked", "forced_row", "forced_seq")}
     positions = forced_positions = forced_rows = 0
-    for _ in range(rounds):
+    masks_equal = True
+    for rnd in range(rounds):
         for k, ((_, schema), instance) in enumerate(zip(SCHEMAS, INSTANCES, strict=True)):
-            grammar = compiler.compile(ResponseFormat("json_schema", schema, f"s{k}"))
-            matcher = grammar.matcher()
+            fmt = ResponseFormat("json_schema", schema, f"s{k}")
+            matcher = compiler.compile(fmt).matcher()
+            reference = baseline.compile(fmt).matcher()
+            # a matcher fills the same state twice from its own cache: the cold fill gets one
+            # of its own
+            cold_matcher = compiler.compile(fmt).matcher() if rnd == 0 else None
             ids = tokenizer.encode(json.dumps(instance), add_special=False,
                                    parse_special=False)
             for token in [*ids, None]:
-                s, bitmask = _timed(fill_masks, [MaskRequest(matcher, 0, [])], 1, width)
-                t["fill"].append(s)
+                pair = [("fill", matcher), ("fill_default_slices", reference)]
+                masks = {}
+                for name, m in pair[::1 if positions % 2 else -1]:  # alternate which is first
+                    s, masks[name] = _timed(fill_masks, [MaskRequest(m, 0, [])], 1, width)
+                    t[name].append(s)
+                bitmask = masks["fill"]
+                if cold_matcher is not None:
+                    int(cold.sum())  # evicts the vocabulary trie and the lexer's tables
+                    t["fill_cold"].append(_timed(fill_masks, [MaskRequest(cold_matcher, 0, [])],
+                                                 1, width)[0])
+                masks_equal = masks_equal and np.array_equal(bitmask, masks["fill_default_slices"])
                 for name, fn in (("apply", apply_masks), ("apply_unpacked", apply_unpacked)):
                     np.copyto(row[0], source)
                     t[name].append(_timed(fn, row, bitmask, [0], eos)[0])
@@ -87,12 +110,15 @@ def measure(tokenizer, width: int, eos: list[int], rounds: int = 3, seed: int = 
                     forced_positions += 1
                     forced_rows += len(forced) + 1
                 positions += 1
-                if token is not None and not matcher.consume(token):
+                if token is not None and not all(
+                        m.consume(token) for m in (matcher, reference, cold_matcher) if m):
                     raise RuntimeError(f"schema {k}: the grammar refused token {token} of "
                                        f"the instance ({matcher.error})")
     us = {k: percentiles(v, 1e6) for k, v in t.items()}
     return {"width": width, "positions": positions, "forced_positions": forced_positions,
-            "forced_rows": forced_rows, "us": us,
+            "forced_rows": forced_rows, "masks_equal": masks_equal, "us": us,
+            "fill_speedup_p50": ratio(us["fill_default_slices"]["p50"], us["fill"]["p50"]),
+            "fill_speedup_p99": ratio(us["fill_default_slices"]["p99"], us["fill"]["p99"]),
             "apply_speedup_p50": ratio(us["apply_unpacked"]["p50"], us["apply"]["p50"]),
             "apply_speedup_p99": ratio(us["apply_unpacked"]["p99"], us["apply"]["p99"])}
 

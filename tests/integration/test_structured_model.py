@@ -220,3 +220,15 @@ def test_tandem_run_refuses_a_bad_schema(embedded_model_path, tmp_path):
     assert r.returncode == 1
     assert r.stderr == (f"tandem: error: --json-schema {broken}: not valid JSON: Expecting "
                         "property name enclosed in double quotes: line 1 column 2 (char 1)\n")
+
+
+def test_tandems_slices_give_llguidances_masks_at_every_position(runner):
+    from app.bench.mask_time import measure
+
+    tok = runner.tokenizer
+    out = measure(tok, runner.info.n_vocab, sorted(tok.eos_ids), rounds=1)
+    # the four schemas' instances, token by token, each mask filled twice: through
+    # `vocab.STRING_SLICES` and through llguidance's default slices
+    assert out["masks_equal"] is True
+    assert (out["width"], out["positions"], out["forced_positions"], out["forced_rows"]) == (
+        49152, 224, 118, 477)

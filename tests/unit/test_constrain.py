@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from app.engine.constrain import GrammarCompiler, GrammarError, ResponseFormat
+from app.engine.constrain import GrammarCompiler, GrammarError, ResponseFormat, vocab
 from app.engine.constrain import grammar as grammar_module
 from app.engine.constrain.mask import (
     MaskRequest,
@@ -18,7 +18,7 @@ from app.engine.constrain.mask import (
     fill_masks,
     words,
 )
-from app.engine.constrain.vocab import grammar_tokenizer, vocabulary_bytes
+from app.engine.constrain.vocab import STRING_SLICES, grammar_tokenizer, vocabulary_bytes
 from tests.fakes.tokenizer import FakeTokenizer
 
 EOS = 257  # FakeTokenizer("bytes"): ids 0-255 are bytes, BOS 256, EOS 257
@@ -54,6 +54,22 @@ def test_vocabulary_view_pads_to_the_logits_width_and_marks_control_tokens():
     lltok = grammar_tokenizer(FakeTokenizer(), 300)
     assert lltok.vocab_size == 300
     assert lltok.eos_tokens == [EOS]
+
+
+def test_the_vocabulary_view_gets_tandems_slices_unless_told_otherwise(monkeypatch):
+    built = []
+    real = vocab.llguidance.LLTokenizer
+
+    def spy(*args, **kwargs):
+        built.append(kwargs.get("slices"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(vocab.llguidance, "LLTokenizer", spy)
+    assert GrammarCompiler(FakeTokenizer(), 300).lltokenizer.vocab_size == 300
+    assert GrammarCompiler(FakeTokenizer(), 300, slices=None).lltokenizer.vocab_size == 300
+    assert built == [list(STRING_SLICES), None]
+    assert STRING_SLICES[1] == r'[^"\\\x00-\x1F\x7F]{1,2}'
+    assert STRING_SLICES[-2:] == (r'[^"\\\x00-\x1F\x7F]{1,30}', r'[^"\\\x00-\x1F\x7F]+')
 
 
 def test_a_tokenizer_without_eos_is_refused():

@@ -27,7 +27,7 @@ import jsonschema
 import llguidance
 
 from app.engine.constrain.matcher import Matcher
-from app.engine.constrain.vocab import grammar_tokenizer
+from app.engine.constrain.vocab import STRING_SLICES, grammar_tokenizer
 from backends.base import Tokenizer
 
 JSON_SEPARATORS = (", ", ": ")  # (item, key): json.dumps' defaults
@@ -97,15 +97,19 @@ class GrammarCompiler:
         tokenizer: the runner's tokenizer.
         n_logits: the logits width (the runner's `info.n_vocab`): every mask covers it.
         timeout_s: the most seconds one grammar may take to build.
+        slices: the vocabulary view's slicer regexes (`vocab.STRING_SLICES`; None:
+            llguidance's defaults). They change how fast masks are filled, never a mask.
     The vocabulary view (`vocab.grammar_tokenizer`) is built on the first compile (about
     0.1 s per 50k tokens), then kept.
     """
 
     def __init__(self, tokenizer: Tokenizer, n_logits: int,
-                 timeout_s: float = COMPILE_TIMEOUT_S):
+                 timeout_s: float = COMPILE_TIMEOUT_S,
+                 slices: tuple[str, ...] | None = STRING_SLICES):
         self.tokenizer = tokenizer
         self.n_logits = n_logits
         self.timeout_s = timeout_s
+        self.slices = slices
         self._lltokenizer: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
@@ -117,7 +121,8 @@ class GrammarCompiler:
     def lltokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
             if self._lltokenizer is None:
-                self._lltokenizer = grammar_tokenizer(self.tokenizer, self.n_logits)
+                self._lltokenizer = grammar_tokenizer(self.tokenizer, self.n_logits,
+                                                        slices=self.slices)
             return self._lltokenizer
 
     def compile(self, fmt: ResponseFormat) -> CompiledGrammar:

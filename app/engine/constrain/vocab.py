@@ -7,6 +7,14 @@ Each id's bytes are what it adds to output text; control tokens (no output bytes
 0xFF then their markup, so no JSON string can contain them. The list is padded with empty
 entries (never allowed) up to the logits width: a model's logits can be wider than its
 tokenizer (Qwen2.5: 151,936 logits), and every mask must cover every logit.
+
+Slices (`STRING_SLICES`): llguidance skips walking the vocabulary trie for a slice of tokens
+whose every member the grammar allows (docs/optimizations.md, "Slicer optimization",
+in llguidance's repository); what no allowed slice covers is walked token by token. Its
+default slices are JSON string content of 1-10, 1-30 and any number of characters, so inside
+a string with fewer than 10 characters left (a `maxLength` string near its end, or one of 8)
+no slice applies and all 151k tokens of Qwen2.5 are walked. Shorter slices cover those
+positions; the masks are the same, only the time changes (`python -m app.bench.mask_time`).
 """
 
 from __future__ import annotations
@@ -18,6 +26,16 @@ import llguidance
 from backends.base import Tokenizer
 
 SPECIAL_PREFIX = b"\xff"  # llguidance's marker of a special token's bytes
+
+_STRING_CHAR = r'[^"\\\x00-\x1F\x7F]'  # a character a JSON string holds unescaped
+# llguidance's default slices (`SlicedBiasComputer::json_slices`) with more lengths below 30
+# (a set of 2, 4, ..., 10 nested lengths measured best; every length 1..10 was slower:
+# each slice is a trie of its own, walked separately)
+STRING_SLICES: tuple[str, ...] = (
+    r"[\x20\x0A\x0D\x09]+",
+    *(f"{_STRING_CHAR}{{1,{n}}}" for n in (2, 4, 6, 8, 10, 15, 20, 30)),
+    f"{_STRING_CHAR}+",
+)
 
 
 class _TokenizerSource:
@@ -59,11 +77,12 @@ def vocabulary_bytes(tokenizer: Tokenizer, n_logits: int) -> tuple[list[bytes], 
 
 
 def grammar_tokenizer(tokenizer: Tokenizer, n_logits: int,
-                      eos_ids: Sequence[int] | None = None) -> llguidance.LLTokenizer:
+                      eos_ids: Sequence[int] | None = None,
+                      slices: Sequence[str] | None = STRING_SLICES) -> llguidance.LLTokenizer:
     """The `LLTokenizer` for `tokenizer` with `n_logits` entries (the logits width).
 
     `eos_ids` (default: the tokenizer's EOS/EOT ids) end a sequence when the grammar
-    accepts. Raises ValueError if the tokenizer has no end-of-sequence token (a grammar
+    accepts. `slices`: the slicer's regexes (None: llguidance's defaults). Raises ValueError if the tokenizer has no end-of-sequence token (a grammar
     could then never end) or `n_logits` is smaller than 1."""
     if n_logits < 1:
         raise ValueError("the logits width must be at least 1")
@@ -76,4 +95,5 @@ def grammar_tokenizer(tokenizer: Tokenizer, n_logits: int,
             tokens[e] = SPECIAL_PREFIX + f"<[{e}]>".encode()
             special.append(e)
     source = _TokenizerSource(tokens, eos[0], tokenizer.bos_id, special, tokenizer)
-    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(source), eos_token=eos)
+    kwargs = {} if slices is None else {"slices": list(slices)}
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(source), eos_token=eos, **kwargs)
