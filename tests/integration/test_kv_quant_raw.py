@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.bench.kv_quant import CHUNK, RawDecoder, _runner, _text_tokens, raw_decode
+from app.bench.kv_quant import _runner, _text_tokens, raw_decode
+from app.bench.raw_llama import CHUNK, RawDecoder
 from backends.base import BatchItem
 
 TYPES = ["f16", "q8_0"]
