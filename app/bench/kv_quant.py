@@ -18,11 +18,12 @@ from a seeded generator, so every run and machine reads the same words; its firs
   prefills) and decode tokens/s (greedy, `--decode-tokens` one-token steps after the text),
   the median of `--rounds` rounds whose order of types alternates, and the ratios to f16.
   Noisy on a busy machine: compare ratios from one run, on a quiet one;
-- the ceiling: the same decode through llama.cpp alone (`raw_decode`: llama-cpp-python's
-  low-level API, one context per type with flash attention on, the runner's weights, no
-  tandem code between steps), in the same rounds; `raw_decode_ratio` is what llama.cpp's
-  own kernels give a quantized cache on this machine, which the runner's ratio cannot beat
-  by more than its fixed per-step overhead shrinks it.
+- llama.cpp alone: the same decode after the same text through llama-cpp-python's low-level
+  API (`llamacpp_raw.kv_decode_tok_s`: the weights loaded as the runner loads them, a
+  context per type with the runner's flash attention setting, no tandem code between the
+  steps), in the same run after the runner's rounds, in a fresh interpreter;
+  `raw_decode_ratio` is what llama.cpp's own kernels give a quantized cache on this machine,
+  `decode_vs_raw` the runner's decode against llama.cpp alone's for the same type.
 
 `--backend mlx` measures the MLX runner instead: its f16 pool against its q8_0 one (MLX's
 affine 8 bits, group 64), the same quality and speed figures, and the pool's bytes per token
@@ -42,13 +43,14 @@ import time
 
 import numpy as np
 
-from app.bench.raw_llama import CHUNK, RawDecoder  # CHUNK: tokens per teacher-forced step
+from app.bench.llamacpp_raw import kv_decode_tok_s_subprocess
 from app.bench.stats import median
 from backends.base import KV_CACHE_TYPES, BatchItem
 from backends.llamacpp.kv_plan import kv_token_bytes, plan_kv
 from models.registry import DEFAULT_MODEL
 
 KL_ROWS = 64  # rows per float64 softmax (bounds memory at a 152k vocabulary)
+CHUNK = 512  # tokens per teacher-forced / prefill step (the runner's max_batch_tokens)
 DEFAULT_SERVE = (16, 8192)  # sequences x tokens of the default serve: the memory budget
 
 _SUBJECTS = ("the harbour master", "a retired surveyor", "the night train", "our committee",
@@ -172,22 +174,6 @@ def _timed_pass(runner, tokens: list[int], decode_tokens: int, table: list[int]
     return prefill, decode
 
 
-def raw_decode(path: str, kv_types: list[str], tokens: list[int], decode_tokens: int,
-               rounds: int, threads: int, repack: bool) -> dict[str, float]:
-    """{KV type: decode tokens/s of llama.cpp alone (`RawDecoder`) after `tokens`}, the
-    median of `rounds` rounds whose order of types alternates."""
-    raw = RawDecoder(path, kv_types, -(-(len(tokens) + decode_tokens + 1) // 256) * 256,
-                     threads, repack)
-    try:
-        speeds: dict[str, list[float]] = {t: [] for t in kv_types}
-        for rnd in range(rounds):
-            for t in kv_types if rnd % 2 == 0 else kv_types[::-1]:
-                speeds[t].append(raw.decode_tok_s(t, tokens, decode_tokens))
-        return {t: median(v) for t, v in speeds.items()}
-    finally:
-        raw.close()
-
-
 def _text_tokens(tokenizer, n_tokens: int) -> list[int]:
     """The first `n_tokens` tokens of `fixed_text`. Raises ValueError if it is shorter."""
     tokens = tokenizer.encode(fixed_text(), add_special=True)
@@ -227,7 +213,8 @@ def _speeds(runners: dict, tokens: list[int], decode_tokens: int, rounds: int,
 def measure(path: str, n_tokens: int = 2000, threads: int | None = None, rounds: int = 2,
             decode_tokens: int = 64, seq_tokens: int = 8192) -> dict:
     """The JSON object this module prints (see the module docstring). Loads the three
-    runners at once (the weights' pages are shared: mapped from one file)."""
+    runners at once (the weights' pages are shared: mapped from one file); llama.cpp alone
+    runs in a child process."""
     ctx = -(-(n_tokens + decode_tokens + 1) // 256) * 256
     runners = {t: _runner(path, t, ctx, threads) for t in KV_CACHE_TYPES}
     try:
@@ -242,8 +229,10 @@ def measure(path: str, n_tokens: int = 2000, threads: int | None = None, rounds:
             r.release(0, 0)
             state_bytes[t] = (state_bytes[t] - len(r._memory.state_get(0))) / n_tokens
         speeds = _speeds(runners, tokens, decode_tokens, rounds, table)
-        raw = raw_decode(path, list(runners), tokens, decode_tokens, rounds, ref.n_threads,
-                         ref.repack.repack)
+        raw = kv_decode_tok_s_subprocess(
+            model_path=path, kv_types=list(runners),
+            flash_attn=[r.flash_attn for r in runners.values()], tokens=tokens,
+            decode_tokens=decode_tokens, rounds=rounds, threads=ref.n_threads, n_batch=CHUNK)
         budget = DEFAULT_SERVE[0] * DEFAULT_SERVE[1] * kv_token_bytes(
             info.n_layers, info.n_kv_heads, info.head_dim, "f16")
         out: dict = {"model": info.name, "path": path, "tokens": n_tokens,
@@ -269,7 +258,8 @@ def measure(path: str, n_tokens: int = 2000, threads: int | None = None, rounds:
             row.update({"kv_bytes_ratio": bpt / f16[0], "sequences_ratio": seqs / f16[1],
                         "prefill_ratio": round(prefill / f16[2], 3),
                         "decode_ratio": round(decode / f16[3], 3),
-                        "raw_decode_ratio": round(raw[t] / f16[4], 3)})
+                        "raw_decode_ratio": round(raw[t] / f16[4], 3),
+                        "decode_vs_raw": round(decode / raw[t], 3)})
             out["types"][t] = row
         return out
     finally:

@@ -2,11 +2,12 @@
 
 For each schema of the structured-output bench (`app.bench.structured.SCHEMAS`) a valid
 instance (`INSTANCES`, written as the grammar's whitespace allows) is tokenized by the model
-and walked by a fresh matcher, token by token. At every position:
+and walked by fresh matchers (one per timing below), token by token. At every position:
 - `fill`: the one-row mask (`constrain.mask.fill_masks`), as a sequence without drafts gets;
   `fill_default_slices` the same mask from a vocabulary view with llguidance's own slices
   (the baseline of `vocab.STRING_SLICES`), whose masks must be equal (`masks_equal`);
-- `fill_cold` (first pass only): the same fill right after reading `COLD_BYTES` of memory,
+- `fill_cold` (first pass only): the same fill right after reading `COLD_BYTES` of memory
+  (its own matcher: a matcher fills a state it filled before from its own cache),
   as a decode step's weights stream through the caches before the engine fills the next
   masks: what the fill costs inside `tandem serve` on this machine;
 - `apply`: that row applied to a logits row of the model's width (`apply_masks`), and the
@@ -40,7 +41,7 @@ from app.engine.constrain.mask import (
 )
 from models.registry import DEFAULT_MODEL
 
-COLD_BYTES = 256 << 20  # read before a `fill_cold`: larger than any CPU's last-level cache
+COLD_BYTES = 256 << 20  # read before a `fill_cold`: 8x this machine's 32 MiB L3
 
 # One valid output per schema of `SCHEMAS`, in order.
 INSTANCES: list[dict] = [
@@ -63,14 +64,16 @@ def _timed(fn, *args) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def measure(tokenizer, width: int, eos: list[int], rounds: int = 3, seed: int = 0) -> dict:
-    """The module docstring's timings for a model's `tokenizer` with `width` logits."""
+def measure(tokenizer, width: int, eos: list[int], rounds: int = 3, seed: int = 0,
+            cold_bytes: int = COLD_BYTES) -> dict:
+    """The module docstring's timings for a model's `tokenizer` with `width` logits
+    (`cold_bytes` = 0: no `fill_cold`)."""
     compiler = GrammarCompiler(tokenizer, width)
     baseline = GrammarCompiler(tokenizer, width, slices=None)
     rng = np.random.default_rng(seed)
     source = rng.standard_normal(width).astype(np.float32)
     row = np.empty((1, width), dtype=np.float32)
-    cold = np.ones(COLD_BYTES // 8, dtype=np.int64)
+    cold = np.ones(cold_bytes // 8, dtype=np.int64) if cold_bytes else None
     t: dict[str, list[float]] = {k: [] for k in
                                  ("fill", "fill_cold", "fill_default_slices", "apply",
                                   "apply_unpacked", "forced_row", "forced_seq")}
@@ -79,41 +82,45 @@ def measure(tokenizer, width: int, eos: list[int], rounds: int = 3, seed: int = 
     for rnd in range(rounds):
         for k, ((_, schema), instance) in enumerate(zip(SCHEMAS, INSTANCES, strict=True)):
             fmt = ResponseFormat("json_schema", schema, f"s{k}")
-            matcher = compiler.compile(fmt).matcher()
-            reference = baseline.compile(fmt).matcher()
-            # a matcher fills the same state twice from its own cache: the cold fill gets one
-            # of its own
-            cold_matcher = compiler.compile(fmt).matcher() if rnd == 0 else None
+            # one matcher per timing: a matcher fills a state it filled before from its own
+            # cache, so each is timed on its first fill of every state
+            matchers = {"fill": compiler.compile(fmt).matcher(),
+                        "fill_default_slices": baseline.compile(fmt).matcher(),
+                        "forced": compiler.compile(fmt).matcher()}
+            if cold is not None and rnd == 0:
+                matchers["fill_cold"] = compiler.compile(fmt).matcher()
             ids = tokenizer.encode(json.dumps(instance), add_special=False,
                                    parse_special=False)
             for token in [*ids, None]:
-                pair = [("fill", matcher), ("fill_default_slices", reference)]
                 masks = {}
-                for name, m in pair[::1 if positions % 2 else -1]:  # alternate which is first
-                    s, masks[name] = _timed(fill_masks, [MaskRequest(m, 0, [])], 1, width)
+                pair = ["fill", "fill_default_slices"]
+                for name in pair[::1 if positions % 2 else -1]:  # alternate which is first
+                    s, masks[name] = _timed(fill_masks, [MaskRequest(matchers[name], 0, [])],
+                                            1, width)
                     t[name].append(s)
                 bitmask = masks["fill"]
-                if cold_matcher is not None:
+                masks_equal = masks_equal and np.array_equal(bitmask,
+                                                             masks["fill_default_slices"])
+                if "fill_cold" in matchers:
                     int(cold.sum())  # evicts the vocabulary trie and the lexer's tables
-                    t["fill_cold"].append(_timed(fill_masks, [MaskRequest(cold_matcher, 0, [])],
-                                                 1, width)[0])
-                masks_equal = masks_equal and np.array_equal(bitmask, masks["fill_default_slices"])
+                    t["fill_cold"].append(_timed(
+                        fill_masks, [MaskRequest(matchers["fill_cold"], 0, [])], 1, width)[0])
                 for name, fn in (("apply", apply_masks), ("apply_unpacked", apply_unpacked)):
                     np.copyto(row[0], source)
                     t[name].append(_timed(fn, row, bitmask, [0], eos)[0])
-                forced = matcher.forced_tokens()
+                forced = matchers["forced"].forced_tokens()
                 if forced:
-                    s, _ = _timed(fill_masks, [MaskRequest(matcher, 0, forced)],
+                    s, _ = _timed(fill_masks, [MaskRequest(matchers["forced"], 0, forced)],
                                   len(forced) + 1, width)
                     t["forced_seq"].append(s)
                     t["forced_row"].append(s / (len(forced) + 1))
                     forced_positions += 1
                     forced_rows += len(forced) + 1
                 positions += 1
-                if token is not None and not all(
-                        m.consume(token) for m in (matcher, reference, cold_matcher) if m):
-                    raise RuntimeError(f"schema {k}: the grammar refused token {token} of "
-                                       f"the instance ({matcher.error})")
+                for name, m in matchers.items():
+                    if token is not None and not m.consume(token):
+                        raise RuntimeError(f"schema {k}: the grammar refused token {token} of "
+                                           f"the instance ({name}: {m.error})")
     us = {k: percentiles(v, 1e6) for k, v in t.items()}
     return {"width": width, "positions": positions, "forced_positions": forced_positions,
             "forced_rows": forced_rows, "masks_equal": masks_equal, "us": us,

@@ -37,7 +37,8 @@ from backends.llamacpp.tokenizer import LlamaCppTokenizer
 
 __all__ = ["BLOCK_SIZE", "LlamaCppRunner", "default_threads"]
 
-_FLASH_ATTN = {
+# --flash-attn -> llama.cpp's `flash_attn_type`
+FLASH_ATTN_TYPE = {
     "auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO,
     "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED,
@@ -141,7 +142,7 @@ class LlamaCppRunner:
         self.flash_attn, self.flash_attn_forced = resolved, resolved != flash_attn
         runtime.init_backend(verbose)
         self._embedder_lock = threading.Lock()
-        self._flash_attn_type = _FLASH_ATTN[self.flash_attn]
+        self._flash_attn_type = FLASH_ATTN_TYPE[self.flash_attn]
         self.repack = repack_verdict(path, repack)
         if exact:  # say why: the user may not have asked for "off"
             self.repack = RepackVerdict(False, "--exact")
@@ -183,7 +184,7 @@ class LlamaCppRunner:
         cp.n_batch = max_batch_tokens
         cp.n_ubatch = min(512, max_batch_tokens)
         cp.n_threads = cp.n_threads_batch = self.n_threads
-        cp.flash_attn_type = _FLASH_ATTN[self.flash_attn]
+        cp.flash_attn_type = FLASH_ATTN_TYPE[self.flash_attn]
         cp.type_k = cp.type_v = GGML_KV_TYPE[kv_cache_type]
         cp.n_outputs_max = max_batch_tokens
         self._ctx = L.llama_init_from_model(self._model, cp)
@@ -209,7 +210,7 @@ class LlamaCppRunner:
             try:
                 self.plain_prefill = PlainPrefill(
                     path, plan.n_seq_max, plan.max_seq_tokens, self.n_threads,
-                    _FLASH_ATTN[self.flash_attn], max_batch_tokens,
+                    FLASH_ATTN_TYPE[self.flash_attn], max_batch_tokens,
                     GGML_KV_TYPE[kv_cache_type])
             except ValueError:
                 self.close()

@@ -226,7 +226,7 @@ def test_tandems_slices_give_llguidances_masks_at_every_position(runner):
     from app.bench.mask_time import measure
 
     tok = runner.tokenizer
-    out = measure(tok, runner.info.n_vocab, sorted(tok.eos_ids), rounds=1)
+    out = measure(tok, runner.info.n_vocab, sorted(tok.eos_ids), rounds=1, cold_bytes=0)
     # the four schemas' instances, token by token, each mask filled twice: through
     # `vocab.STRING_SLICES` and through llguidance's default slices
     assert out["masks_equal"] is True

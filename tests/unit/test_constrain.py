@@ -69,7 +69,8 @@ def test_the_vocabulary_view_gets_tandems_slices_unless_told_otherwise(monkeypat
     assert GrammarCompiler(FakeTokenizer(), 300, slices=None).lltokenizer.vocab_size == 300
     assert built == [list(STRING_SLICES), None]
     assert STRING_SLICES[1] == r'[^"\\\x00-\x1F\x7F]{1,2}'
-    assert STRING_SLICES[-2:] == (r'[^"\\\x00-\x1F\x7F]{1,30}', r'[^"\\\x00-\x1F\x7F]+')
+    # llguidance's own slices are all kept (a change of its defaults shows here)
+    assert set(real.general_slices()) <= set(STRING_SLICES)
 
 
 def test_a_tokenizer_without_eos_is_refused():

@@ -11,10 +11,11 @@ tokenizer (Qwen2.5: 151,936 logits), and every mask must cover every logit.
 Slices (`STRING_SLICES`): llguidance skips walking the vocabulary trie for a slice of tokens
 whose every member the grammar allows (docs/optimizations.md, "Slicer optimization",
 in llguidance's repository); what no allowed slice covers is walked token by token. Its
-default slices are JSON string content of 1-10, 1-30 and any number of characters, so inside
-a string with fewer than 10 characters left (a `maxLength` string near its end, or one of 8)
-no slice applies and all 151k tokens of Qwen2.5 are walked. Shorter slices cover those
-positions; the masks are the same, only the time changes (`python -m app.bench.mask_time`).
+default slices are whitespace and JSON string content of 1-10, 1-30 and any number of
+characters, so inside a string with fewer than 10 characters left (a `maxLength` string near
+its end, or one of 8) no slice applies and all 151k tokens of Qwen2.5 are walked. Shorter
+slices cover those positions; the masks are the same, only the time changes
+(`python -m app.bench.mask_time`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from backends.base import Tokenizer
 SPECIAL_PREFIX = b"\xff"  # llguidance's marker of a special token's bytes
 
 _STRING_CHAR = r'[^"\\\x00-\x1F\x7F]'  # a character a JSON string holds unescaped
-# llguidance's default slices (`SlicedBiasComputer::json_slices`) with more lengths below 30
-# (a set of 2, 4, ..., 10 nested lengths measured best; every length 1..10 was slower:
-# each slice is a trie of its own, walked separately)
+# llguidance's default slices (`LLTokenizer.general_slices()`: whitespace, then string
+# content of 1-10, 1-30 and any number of characters) with more lengths below 30 (2, 4, ...,
+# 10, 15, 20 measured best; every length 1..10 was slower: each slice is a trie of its own,
+# walked separately)
 STRING_SLICES: tuple[str, ...] = (
     r"[\x20\x0A\x0D\x09]+",
     *(f"{_STRING_CHAR}{{1,{n}}}" for n in (2, 4, 6, 8, 10, 15, 20, 30)),
@@ -82,8 +84,9 @@ def grammar_tokenizer(tokenizer: Tokenizer, n_logits: int,
     """The `LLTokenizer` for `tokenizer` with `n_logits` entries (the logits width).
 
     `eos_ids` (default: the tokenizer's EOS/EOT ids) end a sequence when the grammar
-    accepts. `slices`: the slicer's regexes (None: llguidance's defaults). Raises ValueError if the tokenizer has no end-of-sequence token (a grammar
-    could then never end) or `n_logits` is smaller than 1."""
+    accepts. `slices`: the slicer's regexes (None: llguidance's defaults). Raises
+    ValueError if the tokenizer has no end-of-sequence token (a grammar could then never
+    end) or `n_logits` is smaller than 1."""
     if n_logits < 1:
         raise ValueError("the logits width must be at least 1")
     eos = sorted(eos_ids if eos_ids is not None else tokenizer.eos_ids)
@@ -95,5 +98,5 @@ def grammar_tokenizer(tokenizer: Tokenizer, n_logits: int,
             tokens[e] = SPECIAL_PREFIX + f"<[{e}]>".encode()
             special.append(e)
     source = _TokenizerSource(tokens, eos[0], tokenizer.bos_id, special, tokenizer)
-    kwargs = {} if slices is None else {"slices": list(slices)}
-    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(source), eos_token=eos, **kwargs)
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(source), eos_token=eos,
+                                  slices=None if slices is None else list(slices))
