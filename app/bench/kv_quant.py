@@ -49,8 +49,8 @@ from backends.base import KV_CACHE_TYPES, BatchItem
 from backends.llamacpp.kv_plan import kv_token_bytes, plan_kv
 from models.registry import DEFAULT_MODEL
 
-KL_ROWS = 64  # rows per float64 softmax (bounds memory at a 152k vocabulary)
 CHUNK = 512  # tokens per teacher-forced / prefill step (the runner's max_batch_tokens)
+KL_ROWS = 64  # rows per float64 softmax (bounds memory at a 152k vocabulary)
 DEFAULT_SERVE = (16, 8192)  # sequences x tokens of the default serve: the memory budget
 
 _SUBJECTS = ("the harbour master", "a retired surveyor", "the night train", "our committee",
